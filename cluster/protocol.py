@@ -1,0 +1,280 @@
+"""Every message that crosses a process boundary: one slotted dataclass each, msgpack on the wire.
+
+A frame is the msgpack array ``[PROTOCOL_VERSION, type name, {field: value}]``. numpy arrays
+travel as packed little-endian buffers (an ext type), never as lists of Python ints; a nested
+message travels as an ext type of its own. No pickle, ever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+_EXT_ARRAY = 1
+_EXT_MESSAGE = 2
+_REGISTRY: dict[str, type] = {}
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a message of this protocol version."""
+
+
+def message(cls: type) -> type:
+    """Register a dataclass as a wire message under its class name."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+# ---------------------------------------------------------------- api <-> router
+
+
+@message
+@dataclass(slots=True)
+class SamplingParams:
+    """SGLang's sampling parameters, already validated by the api."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+
+
+@message
+@dataclass(slots=True)
+class GenerateRequest:
+    """One generation (the api expands batches and ``n`` into several).
+
+    Exactly one of ``text``, ``input_ids`` and ``messages`` (a chat, rendered by the
+    router with the model's chat template) is set.
+    """
+
+    rid: str
+    sampling: SamplingParams
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # first prompt position whose logprob is returned; -1: no prompt logprobs
+    logprob_start_len: int = -1
+    cache_salt: str | None = None
+
+
+@message
+@dataclass(slots=True)
+class AbortRequest:
+    """The client went away or cancelled: drop the request and release its pages."""
+
+    rid: str
+
+
+@message
+@dataclass(slots=True)
+class RequestOutput:
+    """Router -> api: what a request produced since its last output (deltas), or its error.
+
+    ``status`` is an HTTP status for errors the router found (400: the client's input).
+    """
+
+    rid: str
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # per new output token: [logprob, token id, [[top logprob, top id], ...]]
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    # prompt tokens from logprob_start_len on: [logprob or None, token id]
+    input_logprobs: list[list[Any]] = field(default_factory=list)
+    prompt_text: str | None = None
+    error: str | None = None
+    status: int = 200
+
+
+@message
+@dataclass(slots=True)
+class ControlRequest:
+    """Api -> router: a request that is not a generation (``flush_cache``, ``cache_info``,
+    ``server_info``, ``stats``, ``tokenize``)."""
+
+    cid: str
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@message
+@dataclass(slots=True)
+class ControlResponse:
+    cid: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- router <-> worker
+
+
+@message
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-request sampling parameters of one batch, as arrays of length B.
+
+    Penalties count each request's output tokens so far: ``penalty_ids`` holds them
+    request after request, ``penalty_lens`` says how many belong to each (0 when the
+    request has no penalty).
+    """
+
+    temperature: np.ndarray  # float32 [B]; 0 means greedy
+    top_p: np.ndarray  # float32 [B]
+    top_k: np.ndarray  # int32 [B]; -1 means off
+    min_p: np.ndarray  # float32 [B]
+    frequency_penalty: np.ndarray  # float32 [B]
+    presence_penalty: np.ndarray  # float32 [B]
+    repetition_penalty: np.ndarray  # float32 [B]
+    seed: np.ndarray  # int64 [B]; -1 means unseeded
+    penalty_ids: np.ndarray  # int32 [sum(penalty_lens)]
+    penalty_lens: np.ndarray  # int32 [B]
+    top_logprobs_num: np.ndarray  # int32 [B]
+    return_logprob: bool = False
+
+
+@message
+@dataclass(slots=True)
+class ForwardBatch:
+    """One model step. Requests mix extends (a prefill, possibly a chunk, after a cached
+    prefix) and decodes (extend_len 1); their new tokens are laid out request after
+    request in ``input_ids``/``positions``.
+
+    Page-table deltas are applied before the forward pass, in order:
+    ``table[table_slots[d]][table_starts[d] : table_starts[d] + table_counts[d]] =``
+    the next ``table_counts[d]`` entries of ``table_pages``. A request's page table then
+    covers ``prefix_len + extend_len`` tokens; token ``t`` lives in page
+    ``table[slot][t // page_size]`` at offset ``t % page_size``.
+    """
+
+    step_id: int
+    input_ids: np.ndarray  # int32 [T]
+    positions: np.ndarray  # int32 [T]
+    slots: np.ndarray  # int32 [B]: each request's row in the mirrored page tables
+    prefix_lens: np.ndarray  # int32 [B]: tokens already in the KV cache
+    extend_lens: np.ndarray  # int32 [B]: tokens computed this step
+    table_slots: np.ndarray  # int32 [D]
+    table_starts: np.ndarray  # int32 [D]
+    table_counts: np.ndarray  # int32 [D]
+    table_pages: np.ndarray  # int32 [sum(table_counts)]
+    sampling: SamplingBatch
+    # int32 [B, ceil(vocab / 32)]: bit j of word w allows token 32 * w + j; None: no grammar
+    vocab_mask: np.ndarray | None = None
+    # per request, first of its new tokens whose logprob is wanted; -1: none (input logprobs)
+    logprob_starts: np.ndarray | None = None
+
+
+@message
+@dataclass(slots=True)
+class StepResult:
+    """Rank 0 -> router: the sampled token of every request of step ``step_id``."""
+
+    step_id: int
+    next_token_ids: np.ndarray  # int32 [B]
+    # float32 [B]: log-softmax of the raw logits at the chosen token (when asked)
+    logprobs: np.ndarray | None = None
+    top_logprob_ids: np.ndarray | None = None  # int32 [B, K]
+    top_logprob_values: np.ndarray | None = None  # float32 [B, K]
+    # float32 [sum of asked input positions]: logprob of each next prompt token
+    input_logprobs: np.ndarray | None = None
+    error: str | None = None
+
+
+@message
+@dataclass(slots=True)
+class Shutdown:
+    """Stop the receiving loop."""
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        header = msgpack.packb([arr.dtype.str, list(arr.shape)])
+        return msgpack.ExtType(_EXT_ARRAY, header + arr.tobytes())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if type(obj).__name__ in _REGISTRY and dataclasses.is_dataclass(obj):
+        return msgpack.ExtType(_EXT_MESSAGE, _pack(obj))
+    raise TypeError(f"cannot encode {type(obj).__name__} in a protocol message")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_ARRAY:
+        unpacker = msgpack.Unpacker()
+        unpacker.feed(data)
+        dtype, shape = unpacker.unpack()
+        offset = unpacker.tell()
+        return np.frombuffer(data, dtype=np.dtype(dtype), offset=offset).reshape(shape)
+    if code == _EXT_MESSAGE:
+        return decode(data)
+    raise ProtocolError(f"unknown ext type {code}")
+
+
+def _pack(msg: Any) -> bytes:
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    return msgpack.packb([PROTOCOL_VERSION, type(msg).__name__, fields], default=_default, use_bin_type=True)
+
+
+def encode(msg: Any) -> bytes:
+    """Serialize a registered message to one frame."""
+    if type(msg).__name__ not in _REGISTRY:
+        raise ProtocolError(f"{type(msg).__name__} is not a protocol message")
+    return _pack(msg)
+
+
+def decode(frame: bytes) -> Any:
+    """Parse one frame; a wrong version, an unknown type or unknown fields raise ProtocolError."""
+    unpacker = msgpack.Unpacker(ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    unpacker.feed(frame)
+    try:
+        if unpacker.read_array_header() != 3:
+            raise ProtocolError("a frame is [version, type, fields]")
+        version = unpacker.unpack()
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {version!r}, this side speaks {PROTOCOL_VERSION}")
+        name = unpacker.unpack()
+        cls = _REGISTRY.get(name)
+        if cls is None:
+            raise ProtocolError(f"unknown message type {name!r}")
+        fields = unpacker.unpack()
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        if isinstance(exc, ProtocolError):
+            raise
+        raise ProtocolError(f"malformed frame: {exc}") from exc
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ProtocolError(f"bad fields for {name}: {exc}") from exc

@@ -1,0 +1,39 @@
+"""Shared fixtures: the embedded model, and Hugging Face transformers as the reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests share 2 cores; torch's default of one thread per core is right, but never more.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct GGUF file."""
+    from radixcluster.model_path import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(model_path: Path):
+    """transformers' tokenizer read from the same GGUF: the reference for ours."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_path: Path):
+    """transformers' float32 LlamaForCausalLM dequantized from the same GGUF: the reference
+    for our logits (it is the reference, never the runtime loader)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name, dtype=torch.float32)
+    return model.eval()
