@@ -1,0 +1,163 @@
+"""A model's shape, read from a Hugging Face ``config.json`` or from GGUF metadata.
+
+Both the router (context length, vocabulary, KV sizing) and the workers read it, so it
+lives here and imports neither torch nor model code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from radixcluster.model_path import ModelPathError
+
+# Hugging Face architecture names and GGUF ``general.architecture`` values we run.
+SUPPORTED_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
+SUPPORTED_GGUF_ARCHITECTURES = {"llama", "qwen2"}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The Llama-family shape. ``family`` is ``llama`` or ``qwen2`` (QKV bias)."""
+
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def kv_bytes_per_token(self, tp_size: int, dtype_bytes: int) -> int:
+        """Bytes of K and V one token occupies on one rank (KV heads replicated when
+        ``tp_size`` exceeds them)."""
+        local_kv_heads = max(1, self.num_kv_heads // tp_size)
+        return 2 * self.num_layers * local_kv_heads * self.head_dim * dtype_bytes
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    """Read the config of a resolved model path (a HF directory or a GGUF file)."""
+    if path.is_dir():
+        return _from_hf_dir(path)
+    return _from_gguf(path)
+
+
+def _eos_list(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _from_hf_dir(path: Path) -> ModelConfig:
+    config_file = path / "config.json"
+    try:
+        cfg = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelPathError(f"cannot read {config_file}: {exc}") from exc
+    archs = cfg.get("architectures") or []
+    family = next((SUPPORTED_HF_ARCHITECTURES[a] for a in archs if a in SUPPORTED_HF_ARCHITECTURES), None)
+    if family is None:
+        raise ModelPathError(
+            f"{config_file}: unsupported architecture {archs or cfg.get('model_type')!r}; "
+            f"supported: {sorted(SUPPORTED_HF_ARCHITECTURES)}"
+        )
+    eos = cfg.get("eos_token_id")
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
+    num_heads = cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    return ModelConfig(
+        family=family,
+        hidden_size=cfg["hidden_size"],
+        num_layers=cfg["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_scaling=None if rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"},
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_list(eos),
+    )
+
+
+def open_gguf(path: Path):
+    """A ``gguf.GGUFReader`` (memory-mapped), or a ModelPathError naming the file."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # the gguf package raises bare ValueError/IndexError/struct.error on bad files
+        raise ModelPathError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _from_gguf(path: Path) -> ModelConfig:
+    reader = open_gguf(path)
+    big_arrays = ("tokens", "merges", "token_type", "scores")
+    meta = {
+        key: fld.contents()
+        for key, fld in reader.fields.items()
+        if not (key.startswith("tokenizer.ggml.") and key.rsplit(".", 1)[-1] in big_arrays)
+    }
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ModelPathError(f"{path}: unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED_GGUF_ARCHITECTURES)}")
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ModelPathError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        return value
+
+    hidden = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    vocab = meta.get(f"{arch}.vocab_size")
+    if vocab is None:
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    rope_scaling = None
+    if scaling_type not in (None, "none"):
+        rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
+    return ModelConfig(
+        family=arch,
+        hidden_size=hidden,
+        num_layers=int(get("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=int(meta.get(f"{arch}.rope.dimension_count", hidden // num_heads)),
+        intermediate_size=int(get("feed_forward_length")),
+        vocab_size=int(vocab),
+        max_position_embeddings=int(get("context_length")),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        qkv_bias=arch == "qwen2",
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=_eos_list(meta.get("tokenizer.ggml.eos_token_id")),
+    )

@@ -1,0 +1,1 @@
+"""Pure tensor functions (paged attention, norms, rotary, activations), each with a torch reference."""

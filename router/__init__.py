@@ -1,0 +1,1 @@
+"""The router: request state, tokenizer, RadixTree, page allocator, scheduler, HTTP api."""

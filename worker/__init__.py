@@ -1,0 +1,1 @@
+"""Model workers: weights, the forward pass on a paged KV cache, tensor parallelism, sampling."""
