@@ -1,0 +1,262 @@
+"""The sampler on fixed logit vectors: greedy, seeds, filters, penalties, vocab mask, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcluster.protocol import SamplingBatch, decode, encode
+from radixcluster.worker.sampler import apply_penalties, sample
+
+# probabilities 0.4, 0.3, 0.15, 0.1, 0.05: filter boundaries are far from float rounding
+FIVE = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]).log()
+
+
+def batch(size: int, penalties: list[list[int]] | None = None, return_logprob: bool = False, **fields) -> SamplingBatch:
+    """A SamplingBatch of ``size`` rows with neutral defaults; a field given as a scalar is
+    broadcast, as a list taken per row."""
+    defaults = {
+        "temperature": (1.0, np.float32),
+        "top_p": (1.0, np.float32),
+        "top_k": (-1, np.int32),
+        "min_p": (0.0, np.float32),
+        "frequency_penalty": (0.0, np.float32),
+        "presence_penalty": (0.0, np.float32),
+        "repetition_penalty": (1.0, np.float32),
+        "seed": (-1, np.int64),
+        "top_logprobs_num": (0, np.int32),
+    }
+    arrays = {
+        name: np.broadcast_to(np.asarray(fields.get(name, default), dtype=dtype), (size,)).copy()
+        for name, (default, dtype) in defaults.items()
+    }
+    penalties = penalties or [[] for _ in range(size)]
+    return SamplingBatch(
+        **arrays,
+        penalty_ids=np.array([t for ids in penalties for t in ids], dtype=np.int32),
+        penalty_lens=np.array([len(ids) for ids in penalties], dtype=np.int32),
+        return_logprob=return_logprob,
+    )
+
+
+def positions(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def draws(logits: torch.Tensor, n: int, **fields) -> np.ndarray:
+    """``n`` seeded draws (seeds 0..n-1) from one logit row, in one batch."""
+    out = sample(logits.expand(n, -1), batch(n, seed=np.arange(n), **fields), torch.zeros(n, dtype=torch.int64), None)
+    return out.next_token_ids.numpy()
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(0))
+    out = sample(logits, batch(6, temperature=0.0), positions(*range(6)), None)
+    assert torch.equal(out.next_token_ids, logits.argmax(-1))
+    assert out.logprobs is None and out.top_logprob_ids is None and out.top_logprob_values is None
+
+
+def test_top_k_one_is_greedy_even_when_seeded():
+    logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(1))
+    out = sample(logits, batch(6, temperature=1.5, top_k=1, seed=[-1, 3, 4, -1, 5, 6]), positions(*range(6)), None)
+    assert torch.equal(out.next_token_ids, logits.argmax(-1))
+
+
+def test_seeded_row_gives_same_token_in_any_batch():
+    gen = torch.Generator().manual_seed(2)
+    row = torch.randn(1, 500, generator=gen)
+    for seed, position in [(0, 0), (1234, 7), (2**62, 99)]:
+        alone = sample(row, batch(1, seed=seed), positions(position), None).next_token_ids[0]
+        others = torch.randn(4, 500, generator=gen)
+        mixed = torch.cat([others[:2], row, others[2:]])
+        params = batch(5, seed=[-1, 11, seed, -1, 12], temperature=[0.0, 0.7, 1.0, 1.3, 1.0], top_k=[-1, 50, -1, -1, 5])
+        in_batch = sample(mixed, params, positions(3, 8, position, 0, 1), None).next_token_ids[2]
+        assert alone == in_batch
+        assert alone == sample(row, batch(1, seed=seed), positions(position), None).next_token_ids[0]
+
+
+def test_different_seeds_and_positions_draw_differently():
+    flat = torch.zeros(1, 1000)
+    by_seed = draws(flat, 200)
+    assert len(set(by_seed.tolist())) > 150
+    by_position = sample(flat.expand(200, -1), batch(200, seed=42), torch.arange(200), None).next_token_ids
+    assert len(set(by_position.tolist())) > 150
+
+
+@pytest.mark.parametrize(
+    ("fields", "allowed"),
+    [
+        ({"top_k": 2}, {0, 1}),
+        ({"top_p": 0.6}, {0, 1}),
+        ({"top_p": 0.0}, {0}),  # the most likely token always stays
+        ({"top_p": 0.75}, {0, 1, 2}),
+        ({"min_p": 0.3}, {0, 1, 2}),
+        ({"min_p": 0.5}, {0, 1}),
+        # top_p counts the mass renormalized over the top_k survivors: 0.4/0.85 + 0.3/0.85 > 0.8
+        ({"top_k": 3, "top_p": 0.8}, {0, 1}),
+        ({"top_k": 4, "min_p": 0.2}, {0, 1, 2, 3}),
+        ({"temperature": 0.5, "top_p": 0.85}, {0, 1}),  # squared: 0.56 + 0.32 > 0.85
+        ({"temperature": 0.5, "top_p": 0.9}, {0, 1, 2}),
+    ],
+)
+def test_filters_keep_exactly_the_allowed_set(fields: dict, allowed: set[int]):
+    assert set(draws(FIVE.unsqueeze(0), 2000, **fields).tolist()) == allowed
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, [0.4, 0.3, 0.15, 0.1, 0.05]),
+        ({"top_k": 3}, [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0.0, 0.0]),
+        # temperature 0.5 squares the probabilities
+        ({"temperature": 0.5}, [p * p / 0.285 for p in (0.4, 0.3, 0.15, 0.1, 0.05)]),
+    ],
+)
+def test_draw_frequencies_follow_the_distribution(fields: dict, expected: list[float]):
+    n = 4000
+    freq = np.bincount(draws(FIVE.unsqueeze(0), n, **fields), minlength=5) / n
+    assert np.allclose(freq, expected, atol=0.035), freq
+
+
+def test_unseeded_rows_use_the_global_generator():
+    torch.manual_seed(7)
+    first = sample(FIVE.expand(300, -1), batch(300), torch.zeros(300, dtype=torch.int64), None).next_token_ids
+    torch.manual_seed(7)
+    again = sample(FIVE.expand(300, -1), batch(300), torch.zeros(300, dtype=torch.int64), None).next_token_ids
+    assert torch.equal(first, again)
+    assert set(first.tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_penalties_match_hand_computed_logits():
+    logits = torch.tensor(
+        [
+            [2.0, 1.8, -1.0, 0.5],  # repetition 1.5 on {0, 2}: 2/1.5, -1*1.5
+            [3.0, 2.0, 0.0, 0.0],  # frequency 0.4 on 0,0,0: 3 - 1.2
+            [3.0, 2.5, 1.0, 0.0],  # presence 0.6 on 0,0,2: 3 - 0.6, 1 - 0.6
+            [1.0, 2.0, 3.0, 4.0],  # ids but neutral parameters: unchanged
+            [1.0, 2.0, 3.0, 4.0],  # no ids: unchanged
+        ]
+    )
+    penalties = {
+        "penalties": [[0, 2, 0], [0, 0, 0], [0, 0, 2], [3, 3], []],
+        "repetition_penalty": [1.5, 1.0, 1.0, 1.0, 2.0],
+        "frequency_penalty": [0.0, 0.4, 0.0, 0.0, 1.0],
+        "presence_penalty": [0.0, 0.0, 0.6, 0.0, 1.0],
+    }
+    expected = torch.tensor(
+        [
+            [2.0 / 1.5, 1.8, -1.5, 0.5],
+            [1.8, 2.0, 0.0, 0.0],
+            [2.4, 2.5, 0.4, 0.0],
+            [1.0, 2.0, 3.0, 4.0],
+            [1.0, 2.0, 3.0, 4.0],
+        ]
+    )
+    assert torch.allclose(apply_penalties(logits, batch(5, **penalties)), expected)
+    greedy = sample(logits, batch(5, temperature=0.0, **penalties), positions(*range(5)), None)
+    assert greedy.next_token_ids.tolist() == [1, 1, 1, 3, 3]
+    assert logits[0, 0] == 2.0, "the caller's logits are never modified"
+
+
+def test_penalties_that_do_not_flip_the_argmax():
+    logits = torch.tensor([[3.0, 2.0], [3.0, 2.5], [-1.0, -1.2]])
+    params = batch(
+        3,
+        temperature=0.0,
+        penalties=[[0, 0], [0, 0, 0, 0], [1]],
+        frequency_penalty=[0.4, 0.0, 0.0],  # 3 - 0.8 = 2.2 > 2
+        presence_penalty=[0.0, 0.4, 0.0],  # once, whatever the count: 2.6 > 2.5
+        repetition_penalty=[1.0, 1.0, 1.2],  # -1.2 * 1.2 = -1.44 < -1
+    )
+    assert sample(logits, params, positions(0, 0, 0), None).next_token_ids.tolist() == [0, 0, 0]
+
+
+def pack_mask(allowed: list[set[int]], vocab: int) -> torch.Tensor:
+    """xgrammar's bitmask layout: bit j of int32 word w allows token 32*w + j."""
+    words = -(-vocab // 32)
+    bits = np.zeros((len(allowed), words * 32), dtype=np.uint64)
+    for row, tokens in enumerate(allowed):
+        bits[row, list(tokens)] = 1
+    packed = (bits.reshape(len(allowed), words, 32) << np.arange(32, dtype=np.uint64)).sum(-1)
+    return torch.from_numpy(packed.astype(np.uint32).view(np.int32))
+
+
+def test_vocab_mask_forces_the_lowest_logit():
+    vocab = 70  # three words, the last one partly used
+    logits = torch.arange(vocab, dtype=torch.float32).expand(4, -1).contiguous()
+    mask = pack_mask([{0}, {31}, {0, 63}, set(range(vocab))], vocab)
+    mask[3] = -1  # all bits set: unconstrained
+    greedy = sample(logits, batch(4, temperature=0.0), positions(0, 0, 0, 0), mask).next_token_ids
+    assert greedy.tolist() == [0, 31, 63, 69]
+    sampled = sample(logits, batch(4, seed=[1, 2, 3, 4], temperature=5.0), positions(0, 0, 0, 0), mask).next_token_ids
+    assert sampled[0] == 0 and sampled[1] == 31 and sampled[2] in (0, 63)
+
+
+def test_logprobs_come_from_the_raw_logits():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
+    mask = pack_mask([{5}, set(range(50)), set(range(50))], 50)
+    params = batch(
+        3, temperature=[0.0, 0.8, 0.0], seed=[-1, 9, -1], top_logprobs_num=[2, 5, 0],
+        penalties=[[], [], [int(logits[2].argmax())]], repetition_penalty=3.0, return_logprob=True,
+    )
+    # as the worker receives them: read-only arrays decoded from a frame
+    out = sample(logits, decode(encode(params)), positions(4, 4, 4), mask)
+    raw = torch.log_softmax(logits, dim=-1)
+    assert out.next_token_ids[0] == 5
+    assert torch.allclose(out.logprobs, raw.gather(1, out.next_token_ids.unsqueeze(1)).squeeze(1))
+    values, ids = torch.topk(raw, 5, dim=-1)
+    assert torch.equal(out.top_logprob_ids, ids) and torch.allclose(out.top_logprob_values, values)
+    assert out.top_logprob_ids.dtype == torch.int64 and out.logprobs.dtype == torch.float32
+
+
+def test_top_logprobs_without_chosen_logprob():
+    logits = torch.randn(2, 20, generator=torch.Generator().manual_seed(4))
+    out = sample(logits, batch(2, temperature=0.0, top_logprobs_num=[0, 3]), positions(0, 0), None)
+    assert out.logprobs is None and out.top_logprob_ids.shape == (2, 3)
+
+
+def test_greedy_rows_ignore_sampled_rows_in_the_batch():
+    logits = torch.randn(8, 300, generator=torch.Generator().manual_seed(5))
+    temperature = [0.0, 1.0, 0.0, 2.0, 0.0, 0.9, 0.0, 1.0]
+    out = sample(logits, batch(8, temperature=temperature, top_p=0.5, min_p=0.1), torch.arange(8), None)
+    greedy = [i for i, t in enumerate(temperature) if t == 0.0]
+    assert torch.equal(out.next_token_ids[greedy], logits[greedy].argmax(-1))
+
+
+def reference_allowed(logits: list[float], temperature: float, top_k: int, top_p: float, min_p: float) -> set[int]:
+    """The tokens the filters may keep, computed naively in float64; every boundary is widened
+    by a relative 1e-4 so float32 rounding and ties at a cut never fail the check."""
+    eps = 1e-4
+    weights = [math.exp((x - max(logits)) / temperature) for x in logits]
+    probs = [w / sum(weights) for w in weights]
+    ranked = sorted(probs, reverse=True)
+    k = top_k if 0 < top_k < len(probs) else len(probs)
+    mass = sum(ranked[:k])
+    last = max(r for r in range(k) if r == 0 or top_p >= 1 or sum(ranked[:r]) < (top_p + eps) * mass)
+    floor = max(ranked[last], min_p * ranked[0]) * (1 - eps)
+    return {i for i, p in enumerate(probs) if p >= floor}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    logits=st.lists(st.floats(-8, 8, allow_nan=False, width=32), min_size=2, max_size=40),
+    temperature=st.floats(0.05, 3.0),
+    top_k=st.integers(-1, 45),
+    top_p=st.floats(0.01, 1.0),
+    min_p=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**40),
+)
+def test_sampled_token_is_within_the_filtered_set(logits, temperature, top_k, top_p, min_p, seed):
+    n = 16
+    params = batch(n, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed + np.arange(n))
+    row = torch.tensor(logits, dtype=torch.float32)
+    tokens = sample(row.expand(n, -1), params, torch.arange(n), None).next_token_ids.tolist()
+    allowed = reference_allowed(
+        row.tolist(), float(np.float32(temperature)), top_k, float(np.float32(top_p)), float(np.float32(min_p))
+    )
+    assert set(tokens) <= allowed
