@@ -37,3 +37,24 @@ def hf_model(model_path: Path):
 
     model = AutoModelForCausalLM.from_pretrained(model_path.parent, gguf_file=model_path.name, dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory: pytest.TempPathFactory, hf_model, hf_tokenizer) -> Path:
+    """A Hugging Face directory converted from the embedded GGUF: float32 safetensors in
+    100 MB shards with an index, config.json, generation_config.json, tokenizer.json and
+    tokenizer_config.json (with the chat template)."""
+    import copy
+
+    from transformers import LlamaForCausalLM
+
+    config = copy.deepcopy(hf_model.config)
+    # The directory holds plain float32 safetensors: a GGUF quantization_config in its
+    # config.json would misdescribe them.
+    del config.quantization_config
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(hf_model.state_dict())
+    directory = tmp_path_factory.mktemp("hf_model")
+    model.save_pretrained(directory, max_shard_size="100MB")
+    hf_tokenizer.save_pretrained(directory, save_jinja_files=False)
+    return directory
