@@ -1,0 +1,111 @@
+"""Render a model's Jinja2 chat template the way transformers does, after checking the messages.
+
+A model without a chat template gets ``CHATML_FALLBACK`` (plain ChatML, the format of
+SmolLM2, Qwen and many others) rather than an error.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+CHATML_FALLBACK = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson HTML-escapes; templates expect plain JSON (as in transformers).
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str) -> jinja2.Template:
+    # Templates come with model files: untrusted code, hence the immutable sandbox.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Copies of the messages with text-part lists joined into one string.
+
+    Raises ValueError (the api's 400) naming the bad message: not a non-empty list of
+    dicts, a role outside system/user/assistant/tool, or content that is neither a
+    string nor a list of ``{"type": "text", "text": ...}`` parts. An assistant message
+    carrying ``tool_calls`` may have no content.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    checked = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{index}] must be an object with role and content, got {type(message).__name__}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"messages[{index}].role must be one of {sorted(ROLES)}, got {role!r}")
+        content = message.get("content")
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            content = ""
+        checked.append({**message, "content": _content_text(content, index)})
+    return checked
+
+
+def _content_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part_index, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise ValueError(
+                    f"messages[{index}].content[{part_index}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
+                    f"got {part!r:.80}"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ValueError(f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def render_chat_template(
+    template: str | None,
+    messages: Any,
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+    special_tokens: dict[str, str | None] | None = None,
+) -> str:
+    """The prompt text for ``messages`` (validated first, see ``validate_messages``).
+
+    ``special_tokens`` supplies the template variables ``bos_token``, ``eos_token`` etc.
+    A template that calls ``raise_exception`` (e.g. on roles it does not accept) raises
+    ValueError with its message.
+    """
+    checked = validate_messages(messages)
+    compiled = _compile(template or CHATML_FALLBACK)  # a broken model template is our fault, not the client's
+    try:
+        return compiled.render(
+            messages=checked, tools=tools, add_generation_prompt=add_generation_prompt, **(special_tokens or {})
+        )
+    except jinja2.exceptions.TemplateError as exc:
+        raise ValueError(f"the chat template rejected the messages: {exc}") from exc

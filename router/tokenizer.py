@@ -1,0 +1,170 @@
+"""The router's tokenizer: text <-> token ids and chat prompts, from a HF directory or a GGUF file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from radixcluster.model_path import ModelPathError
+from radixcluster.router.chat_template import render_chat_template
+from radixcluster.router.gguf_tokenizer import load_gguf_tokenizer
+
+
+@dataclass(slots=True)
+class Tokenizer:
+    """A ``tokenizers`` backend plus what the model says about BOS, EOS and chat prompts.
+
+    ``chat_template`` is None when the model ships none (prompts then use ChatML).
+    ``eos_token_ids`` are all ids that end generation.
+    """
+
+    backend: Backend
+    path: Path
+    chat_template: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    add_bos_token: bool
+    template_tokens: dict[str, str | None]
+    special_ids: frozenset[int]
+    added_ids: frozenset[int]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; BOS first only if the model wants it and ``add_special_tokens``.
+
+        Encode a rendered chat prompt with ``add_special_tokens=False``: the template
+        writes any BOS itself.
+        """
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            ids.insert(0, self.bos_token_id)
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False) -> str:
+        """Text of ``ids``. With ``spaces_between_special_tokens`` the text runs and the added
+        tokens that are kept are joined by one space (the convention of transformers' slow
+        tokenizers, SGLang's and vLLM's ``spaces_between_special_tokens``)."""
+        if not spaces_between_special_tokens or self.added_ids.isdisjoint(ids):
+            return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        pieces: list[str] = []
+        run: list[int] = []
+        for token_id in ids:
+            if token_id not in self.added_ids:
+                run.append(token_id)
+                continue
+            if skip_special_tokens and token_id in self.special_ids:
+                continue
+            if run:
+                pieces.append(self.backend.decode(run, skip_special_tokens=False))
+                run = []
+            pieces.append(self.backend.id_to_token(token_id))
+        if run:
+            pieces.append(self.backend.decode(run, skip_special_tokens=False))
+        return " ".join(pieces)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt text for a conversation; ValueError (a 400) on malformed messages."""
+        return render_chat_template(self.chat_template, messages, add_generation_prompt, tools, self.template_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry of ``token_id`` as spelled in the vocabulary (None if out of range)."""
+        return self.backend.id_to_token(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer of a resolved model path (see ``radixcluster.model_path``): a Hugging
+    Face directory with ``tokenizer.json`` or a GGUF file. ModelPathError naming the path
+    when neither holds a tokenizer we can build."""
+    if path.is_dir():
+        return _from_hf_dir(path)
+    if not path.is_file():
+        raise ModelPathError(f"tokenizer path {path} does not exist")
+    gguf = load_gguf_tokenizer(path)
+    return _assemble(
+        gguf.backend, path, gguf.chat_template, gguf.bos_token_id, gguf.eos_token_ids, gguf.add_bos_token, gguf.template_tokens
+    )
+
+
+def _assemble(
+    backend: Backend,
+    path: Path,
+    chat_template: str | None,
+    bos_token_id: int | None,
+    eos_token_ids: tuple[int, ...],
+    add_bos_token: bool,
+    template_tokens: dict[str, str | None],
+) -> Tokenizer:
+    added = backend.get_added_tokens_decoder()
+    return Tokenizer(
+        backend=backend,
+        path=path,
+        chat_template=chat_template,
+        bos_token_id=bos_token_id,
+        eos_token_ids=eos_token_ids,
+        add_bos_token=add_bos_token,
+        template_tokens=template_tokens,
+        special_ids=frozenset(i for i, token in added.items() if token.special),
+        added_ids=frozenset(added),
+    )
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelPathError(f"cannot read {file}: {exc}") from exc
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json writes a special token as a string or as a serialized AddedToken.
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _hf_chat_template(path: Path, config: dict[str, Any]) -> str | None:
+    jinja_file = path / "chat_template.jinja"  # where transformers >= 4.50 saves it
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one is the chat template
+        return next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
+
+
+def _from_hf_dir(path: Path) -> Tokenizer:
+    tokenizer_file = path / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ModelPathError(f"{path}: no tokenizer.json (only fast-tokenizer directories are supported)")
+    try:
+        backend = Backend.from_file(str(tokenizer_file))
+    except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+        raise ModelPathError(f"cannot load {tokenizer_file}: {exc}") from exc
+    config = _read_json(path / "tokenizer_config.json")
+    bos_token = _token_text(config.get("bos_token"))
+    eos_token = _token_text(config.get("eos_token"))
+    bos_id = backend.token_to_id(bos_token) if bos_token else None
+    eos_ids = [backend.token_to_id(eos_token)] if eos_token else []
+    generation_eos = _read_json(path / "generation_config.json").get("eos_token_id")
+    eos_ids += generation_eos if isinstance(generation_eos, list) else [generation_eos]
+    add_bos = config.get("add_bos_token")
+    if add_bos is None:  # not stated: whatever tokenizer.json's post-processor does
+        add_bos = bos_id is not None and backend.encode("", add_special_tokens=True).ids[:1] == [bos_id]
+    return _assemble(
+        backend, path, _hf_chat_template(path, config), bos_id,
+        tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)), bool(add_bos),
+        {"bos_token": bos_token, "eos_token": eos_token, "unk_token": _token_text(config.get("unk_token")),
+         "pad_token": _token_text(config.get("pad_token"))},
+    )
