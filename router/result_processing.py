@@ -1,0 +1,48 @@
+"""Turns a StepResult into request state: sampled tokens, output and prompt logprobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixcluster.protocol import StepResult
+from radixcluster.router.batch_builder import ScheduledBatch
+from radixcluster.router.request import Request
+
+
+def apply_token(req: Request, token: int, i: int, result: StepResult, max_context_len: int) -> dict[str, Any] | None:
+    """Append request ``i``'s sampled token (and its logprobs); return its finish reason."""
+    req.output_ids.append(token)
+    if req.return_logprob and result.logprobs is not None:
+        top: list[list[Any]] = []
+        k = req.top_logprobs_num
+        if k and result.top_logprob_ids is not None and result.top_logprob_values is not None:
+            ids = result.top_logprob_ids[i, :k].tolist()
+            values = result.top_logprob_values[i, :k].tolist()
+            top = [[v, t] for v, t in zip(values, ids)]
+        req.output_logprobs.append([float(result.logprobs[i]), token, top])
+    return req.check_finish(max_context_len)
+
+
+def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
+    """Store the prompt logprobs of a prefill step; the worker returns, request after request,
+    one value per new token from that request's ``logprob_starts`` entry on (the logprob of
+    the token after it). ``req.input_logprobs[i]`` scores prompt token
+    ``logprob_start_len + 1 + i``; the list is complete once the prefill is."""
+    fwd = batch.forward
+    if fwd.logprob_starts is None or result.input_logprobs is None:
+        return
+    values = result.input_logprobs
+    offset = 0
+    for req, start, prefix, extend in zip(
+        batch.requests, fwd.logprob_starts.tolist(), fwd.prefix_lens.tolist(), fwd.extend_lens.tolist()
+    ):
+        if start < 0:
+            continue
+        n = extend - start
+        first = prefix + start
+        # keep positions whose next token is a prompt token: value i scores prompt token first + i + 1
+        keep = max(0, min(n, req.prompt_len - 1 - first))
+        if not req.finished:
+            req.input_logprobs.extend(values[offset : offset + keep].tolist())
+            req.input_logprob_next = min(prefix + extend, req.prompt_len)
+        offset += n

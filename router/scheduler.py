@@ -1,0 +1,305 @@
+"""Continuous batching: each step is a prefill batch (new requests, chunked under a token
+budget, ordered by policy) or a decode batch of every running request; never both mixed.
+
+Step loop of the router process::
+
+    batch = scheduler.schedule()          # None: nothing to do
+    result = <send batch.forward, wait for the StepResult>
+    for req in scheduler.process_result(batch, result): ...   # stream, check stop strings
+    scheduler.finish_request(rid, reason) # stop string matched (before the next schedule)
+
+Only this class (through CacheManager) mutates requests' KV state, the tree and the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from radixcluster.protocol import StepResult
+from radixcluster.router.batch_builder import ScheduledBatch, build_forward, build_prefill
+from radixcluster.router.cache_manager import CacheManager
+from radixcluster.router.page_allocator import PageAllocator
+from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
+from radixcluster.router.radix_tree import RadixTree, TreeEventHook
+from radixcluster.router.request import ReqState, Request
+from radixcluster.router.result_processing import apply_token, record_input_logprobs
+from radixcluster.router.schedule_policy import SchedulePolicy
+from radixcluster.router.scheduler_stats import CACHE_INFO_KEYS, SchedulerStats, check_pool_integrity
+from radixcluster.router.slot_pool import SlotPool
+
+logger = logging.getLogger(__name__)
+
+# expected fraction of remaining new tokens a running request will still decode: held back
+# from admission; raised after a retraction, decayed every decode step
+INIT_RESERVE_RATIO = 0.7
+MIN_RESERVE_RATIO = 0.1
+RESERVE_DECAY_PER_STEP = 0.001
+RETRACT_RESERVE_BUMP = 0.3
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    num_pages: int
+    page_size: int
+    max_running_requests: int
+    chunked_prefill_size: int
+    max_context_len: int
+    schedule_policy: str = "lpm"
+    enable_radix_cache: bool = True
+    eviction_policy: str = "lru"
+
+    def __post_init__(self) -> None:
+        for name in ("num_pages", "page_size", "max_running_requests", "max_context_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.chunked_prefill_size < self.page_size:
+            raise ValueError("chunked_prefill_size must be at least one page")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, on_tree_event: TreeEventHook | None = None) -> None:
+        self.config = config
+        self.allocator = PageAllocator(config.num_pages)
+        tree = RadixTree(self.allocator, config.page_size, config.eviction_policy, on_tree_event)
+        self.cache = CacheManager(self.allocator, tree, config.enable_radix_cache)
+        self.policy = SchedulePolicy(config.schedule_policy, self.cache)
+        self.slots = SlotPool(config.max_running_requests)
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # decoding, in admission order
+        # admitted, prefill not finished: the batch in flight, or between steps the chunked one
+        self.prefilling: list[Request] = []
+        self.reqs: dict[str, Request] = {}
+        self.counters = SchedulerStats()
+        self.reserve_ratio = INIT_RESERVE_RATIO
+        self._step_id = 0
+        self._admit_seq = 0
+        self._idle_checked = True
+
+    @property
+    def tree(self) -> RadixTree:
+        return self.cache.tree
+
+    # ------------------------------------------------------------ requests in and out
+
+    def add_request(self, req: Request) -> None:
+        """Queue a new request; raises ValueError if it can never run here."""
+        cfg = self.config
+        if req.rid in self.reqs:
+            raise ValueError(f"duplicate request id {req.rid!r}")
+        gen = req.sampling.max_new_tokens
+        if req.prompt_len + (1 if gen else 0) > cfg.max_context_len:
+            raise ValueError(f"prompt of {req.prompt_len} tokens leaves no room in a context of {cfg.max_context_len}")
+        total = min(req.prompt_len + gen, cfg.max_context_len)
+        if -(-total // cfg.page_size) > cfg.num_pages:
+            raise ValueError(f"{total} tokens do not fit the KV pool ({cfg.num_pages} pages of {cfg.page_size})")
+        self.reqs[req.rid] = req
+        self.waiting.append(req)
+        self._idle_checked = False
+
+    def finish_request(self, rid: str, reason: dict[str, Any]) -> bool:
+        """Finish a request now (a stop string matched); what it computed stays cached."""
+        return self._end(rid, reason, publish=True)
+
+    def abort_request(self, rid: str, message: str = "aborted") -> bool:
+        """Drop a waiting or running request and release its locks and private pages."""
+        return self._end(rid, {"type": "abort", "message": message}, publish=False)
+
+    def _end(self, rid: str, reason: dict[str, Any], publish: bool) -> bool:
+        req = self.reqs.get(rid)
+        if req is None:
+            return False
+        if req.state is ReqState.WAITING:
+            self.waiting.remove(req)
+        elif req.state is ReqState.PREFILLING:
+            self.prefilling.remove(req)
+        else:
+            self.running.remove(req)
+        self._finish(req, reason, publish)
+        return True
+
+    def _finish(self, req: Request, reason: dict[str, Any], publish: bool) -> None:
+        self.cache.release(req, publish)
+        if req.slot >= 0:
+            self.slots.free(req.slot)
+            req.slot = -1
+        req.state = ReqState.FINISHED
+        req.finish_reason = reason
+        self.reqs.pop(req.rid, None)
+
+    # ------------------------------------------------------------ scheduling
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running and not self.prefilling
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step to run, or None when there is nothing to do (the pool is checked then)."""
+        batch = self._schedule_prefill() or self._schedule_decode()
+        if batch is None and self.is_idle() and not self._idle_checked:
+            self.check_integrity()
+            self._idle_checked = True
+        return batch
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        if not self.waiting and not self.prefilling:
+            return None
+        decoding = self.running
+        adm = PrefillAdmission(
+            self.cache,
+            self.policy,
+            token_budget=self.config.chunked_prefill_size,
+            reserved_pages=reserve_pages(decoding, self.reserve_ratio, self.config.page_size),
+            reserve_ratio=self.reserve_ratio,
+            alone=not decoding and not self.prefilling,
+        )
+        for chunked in self.prefilling:
+            if not adm.continue_chunked(chunked):
+                return None
+        free_slots = self.config.max_running_requests - len(decoding) - len(self.prefilling)
+        admitted: list[Request] = []
+        for req in self.policy.order(self.waiting) if free_slots > 0 else ():
+            if len(admitted) == free_slots or adm.token_budget <= 0:
+                break
+            outcome = adm.try_add(req)
+            if outcome is Admit.STOP:
+                break
+            if outcome is Admit.ADDED:
+                admitted.append(req)
+        if not adm.entries:
+            return None
+        if admitted:
+            taken = set(r.rid for r in admitted)
+            self.waiting = [r for r in self.waiting if r.rid not in taken]
+        for entry in adm.entries:
+            self._start_prefill(entry.req, entry.prefix_len, entry.first_admission)
+        self.prefilling = [e.req for e in adm.entries]
+        return self._build(adm.entries)
+
+    def _start_prefill(self, req: Request, prefix_len: int, first_admission: bool) -> None:
+        if req.state is ReqState.PREFILLING:
+            return
+        req.state = ReqState.PREFILLING
+        req.slot = self.slots.alloc()
+        req.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        if first_admission:
+            req.admitted_once = True
+            req.cached_tokens = prefix_len
+            self.counters.count_admission(req.prompt_len, prefix_len)
+
+    def _build(self, entries: list[PrefillEntry]) -> ScheduledBatch:
+        self._step_id += 1
+        reqs = [e.req for e in entries]
+        forward = build_prefill(self._step_id, reqs, [e.prefix_len for e in entries], [e.extend_len for e in entries])
+        return ScheduledBatch(forward, reqs, is_prefill=True)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        ps = self.config.page_size
+        while self.running:
+            need = sum(1 for r in self.running if len(r.pages) * ps <= r.num_computed)
+            if self.cache.make_room(need):
+                break
+            self._retract_youngest()
+        if not self.running:
+            return None
+        reqs = self.running
+        fresh = iter(self.allocator.alloc(need).tolist())
+        ids, pos = [], []
+        for r in reqs:
+            n = r.num_computed
+            if len(r.pages) * ps <= n:
+                r.pages.append(next(fresh))
+            ids.append(r.output_ids[-1])
+            pos.append(n)
+        self.reserve_ratio = max(MIN_RESERVE_RATIO, self.reserve_ratio - RESERVE_DECAY_PER_STEP)
+        self._step_id += 1
+        forward = build_forward(self._step_id, reqs, pos, [1] * len(reqs), ids, pos)
+        return ScheduledBatch(forward, list(reqs), is_prefill=False)
+
+    def _retract_youngest(self) -> None:
+        """Give a running request's private pages back; its tokens go to the queue front."""
+        candidates = self.running + self.prefilling
+        if len(candidates) == 1:
+            raise RuntimeError("the KV pool cannot hold a single request (add_request should have refused it)")
+        victim = max(candidates, key=lambda r: r.admit_seq)
+        (self.prefilling if victim.state is ReqState.PREFILLING else self.running).remove(victim)
+        self.cache.release(victim, publish=False)
+        self.slots.free(victim.slot)
+        victim.slot = -1
+        victim.state = ReqState.WAITING
+        victim.retractions += 1
+        self.waiting.insert(0, victim)
+        self.counters.retractions_total += 1
+        self.reserve_ratio = min(1.0, self.reserve_ratio + RETRACT_RESERVE_BUMP)
+        logger.info("retracted %s (%d tokens computed so far)", victim.rid, victim.fill_len - 1)
+
+    # ------------------------------------------------------------ results
+
+    def process_result(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
+        """Apply a step's result: publish computed KV, append tokens, finish and release.
+
+        Returns the requests that got a token or finished in this step, in batch order
+        (requests aborted while the step ran are skipped).
+        """
+        fwd = batch.forward
+        if result.step_id != fwd.step_id:
+            raise ValueError(f"result of step {result.step_id} for batch {fwd.step_id}")
+        if result.error is not None:
+            return self._fail_batch(batch, result.error)
+        extend_lens = fwd.extend_lens.tolist()
+        tokens = result.next_token_ids.tolist()
+        if batch.is_prefill:
+            record_input_logprobs(batch, result)
+        touched: list[Request] = []
+        became_running: list[Request] = []
+        for i, req in enumerate(batch.requests):
+            if req.finished:
+                continue
+            req.num_computed += extend_lens[i]
+            if batch.is_prefill:
+                self.cache.publish(req)
+                if req.num_computed < req.fill_len:
+                    continue  # a chunk: its sampled token is ignored
+                if req.sampling.max_new_tokens == 0:
+                    self._finish(req, {"type": "length", "length": 0}, publish=True)
+                    touched.append(req)
+                    continue
+                req.state = ReqState.RUNNING
+                became_running.append(req)
+            reason = apply_token(req, tokens[i], i, result, self.config.max_context_len)
+            if reason is not None:
+                self._finish(req, reason, publish=True)
+            touched.append(req)
+        self.running = [r for r in self.running if not r.finished] + [r for r in became_running if not r.finished]
+        if batch.is_prefill:
+            self.prefilling = [r for r in self.prefilling if r.state is ReqState.PREFILLING]
+        return touched
+
+    def _fail_batch(self, batch: ScheduledBatch, error: str) -> list[Request]:
+        failed = [r for r in batch.requests if not r.finished]
+        for req in failed:
+            self._end(req.rid, {"type": "abort", "message": f"worker error: {error}"}, publish=False)
+        return failed
+
+    # ------------------------------------------------------------ cache control and checks
+
+    def flush_cache(self) -> bool:
+        """Empty the tree; refused (False) unless the scheduler is idle."""
+        if not self.is_idle():
+            return False
+        self.tree.reset()
+        self.check_integrity()
+        return True
+
+    def check_integrity(self) -> None:
+        """Every page free xor owned by one tree node or one admitted request; raises IntegrityError."""
+        check_pool_integrity(self.cache, self.running + self.prefilling, idle=self.is_idle())
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges for /metrics (counters are monotonic, never reset by a flush)."""
+        return self.counters.snapshot(self.cache, len(self.running) + len(self.prefilling), len(self.waiting))
+
+    def cache_info(self) -> dict[str, Any]:
+        """The radix-cache part of ``stats()``, for /cache_info."""
+        return {k: v for k, v in self.stats().items() if k in CACHE_INFO_KEYS}

@@ -1,0 +1,81 @@
+"""Scheduler counters for /cache_info and /metrics, and the pool-wide integrity check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from radixcluster.router.cache_manager import CacheManager
+from radixcluster.router.radix_tree import check
+from radixcluster.router.request import Request
+
+CACHE_INFO_KEYS = (
+    "total_requests", "cache_hits", "hit_rate", "shared_prefix_length_avg", "prompt_tokens_total",
+    "cached_tokens_total", "evicted_tokens_total", "tree_nodes", "cached_tokens", "evictable_tokens",
+    "protected_tokens", "page_size",
+)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Monotonic counters; prompt and cached tokens are counted once, at first admission."""
+
+    total_requests: int = 0
+    cache_hit_requests: int = 0
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    retractions_total: int = 0
+
+    def count_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.total_requests += 1
+        self.cache_hit_requests += cached_tokens > 0
+        self.prompt_tokens_total += prompt_tokens
+        self.cached_tokens_total += cached_tokens
+
+    def snapshot(self, cache: CacheManager, running: int, waiting: int) -> dict[str, Any]:
+        tree, alloc = cache.tree, cache.allocator
+        return {
+            "total_requests": self.total_requests,
+            "cache_hits": self.cache_hit_requests,
+            "hit_rate": self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0,
+            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hit_requests if self.cache_hit_requests else 0.0,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "cached_tokens_total": self.cached_tokens_total,
+            "evicted_tokens_total": tree.evicted_tokens_total,
+            "retractions_total": self.retractions_total,
+            "tree_nodes": tree.node_count,
+            "cached_tokens": tree.cached_tokens,
+            "evictable_tokens": tree.evictable_tokens,
+            "protected_tokens": tree.protected_tokens,
+            "free_pages": alloc.num_free,
+            "num_pages": alloc.num_pages,
+            "page_size": cache.page_size,
+            "token_usage": 1.0 - alloc.num_free / alloc.num_pages,
+            "running_requests": running,
+            "waiting_requests": waiting,
+        }
+
+
+def check_pool_integrity(cache: CacheManager, admitted: list[Request], idle: bool) -> None:
+    """Every page is free xor owned by exactly one tree node or one admitted request, and
+    every admitted request's table starts with the pages of the tree path it locked."""
+    ps, alloc = cache.page_size, cache.allocator
+    tree_pages = cache.tree.check_integrity()
+    private = np.asarray([p for r in admitted for p in cache.private_pages(r)], dtype=np.int32)
+    check(not alloc.any_free(private), "a request holds a free page")
+    owners = np.concatenate([tree_pages, private, alloc.free_pages()])
+    check(
+        owners.size == alloc.num_pages and np.unique(owners).size == alloc.num_pages,
+        f"{owners.size} page owners, {np.unique(owners).size} distinct, pool of {alloc.num_pages}",
+    )
+    for r in admitted:
+        check(r.last_node is not None and r.slot >= 0, f"{r.rid}: admitted without a lock or a slot")
+        check(r.tree_len % ps == 0 and r.tree_len <= r.num_computed <= len(r.pages) * ps, f"{r.rid}: bad KV ranges")
+        path = cache.tree.path_pages(r.last_node).tolist()
+        check(r.pages[: r.tree_len // ps] == path, f"{r.rid}: table does not start with its locked path")
+        check(r.cached_tokens <= r.prompt_len, f"{r.rid}: cached tokens exceed the prompt")
+    if idle:
+        check(cache.tree.protected_tokens == 0, "locks held while idle")
+        check(alloc.num_free + cache.tree.cached_tokens // ps == alloc.num_pages, "free + cached != pool when idle")

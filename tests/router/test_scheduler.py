@@ -1,0 +1,380 @@
+"""Scheduler end to end against the stand-in executor: every output must equal the
+reference generation, so any wrong page index shows up as a wrong token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stand_in_executor import StandInExecutor, next_token, reference_generate
+
+from radixcluster.protocol import SamplingParams, StepResult
+from radixcluster.router.request import Request
+from radixcluster.router.scheduler import Scheduler, SchedulerConfig
+
+EOS = 7
+
+
+def make(num_pages: int = 256, page_size: int = 1, max_running: int = 8, chunk: int = 512, ctx: int = 8192, **kw) -> tuple[Scheduler, StandInExecutor]:
+    cfg = SchedulerConfig(num_pages, page_size, max_running, chunk, ctx, **kw)
+    return Scheduler(cfg), StandInExecutor(num_pages, page_size, max_running, ctx // page_size + 1)
+
+
+def req(rid: str, prompt, max_new: int = 8, salt: str | None = None, **sp) -> Request:
+    sp.setdefault("ignore_eos", True)
+    return Request(rid, np.asarray(prompt, dtype=np.int32), SamplingParams(max_new_tokens=max_new, **sp), (EOS,), cache_salt=salt)
+
+
+def step(s: Scheduler, ex: StandInExecutor):
+    batch = s.schedule()
+    if batch is not None:
+        s.process_result(batch, ex(batch.forward))
+        s.check_integrity()
+    return batch
+
+
+def run(s: Scheduler, ex: StandInExecutor, max_steps: int = 100_000) -> int:
+    steps = 0
+    while not s.is_idle():
+        assert step(s, ex) is not None, "stuck: work left but nothing scheduled"
+        steps += 1
+        assert steps < max_steps
+    assert s.schedule() is None
+    return steps
+
+
+def check_outputs(reqs: list[Request], ctx: int = 8192) -> None:
+    for r in reqs:
+        eos = () if r.sampling.ignore_eos else (EOS,)
+        assert r.output_ids == reference_generate(r.prompt_ids, r.sampling.max_new_tokens, eos, ctx), r.rid
+        assert r.cached_tokens <= r.prompt_len - 1 or r.cached_tokens == 0
+
+
+def rand(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, n).astype(np.int32)
+
+
+def warm(s: Scheduler, ex: StandInExecutor, prompt, salt: str | None = None) -> Request:
+    r = req(f"warm{len(s.reqs)}-{s.counters.total_requests}", prompt, max_new=0, salt=salt)
+    s.add_request(r)
+    run(s, ex)
+    return r
+
+
+# ---------------------------------------------------------------- policies
+
+
+def test_lpm_runs_the_longest_cached_prefix_first() -> None:
+    s, ex = make()
+    shared = rand(100, 1)
+    warm(s, ex, np.concatenate([shared, [1]]))
+    cold = req("cold", rand(50, 2))
+    hot = req("hot", np.concatenate([shared, rand(10, 3)]))
+    s.add_request(cold)
+    s.add_request(hot)
+    batch = s.schedule()
+    assert [r.rid for r in batch.requests] == ["hot", "cold"]
+    assert batch.forward.prefix_lens.tolist() == [100, 0]
+    s.process_result(batch, ex(batch.forward))
+    run(s, ex)
+    check_outputs([cold, hot])
+    assert hot.cached_tokens == 100 and cold.cached_tokens == 0
+
+
+def test_dfs_weight_groups_requests_of_the_heaviest_subtree() -> None:
+    s, ex = make(schedule_policy="dfs-weight")
+    a, b = rand(40, 1), rand(40, 2)
+    warm(s, ex, np.concatenate([a, [1]]))
+    warm(s, ex, np.concatenate([b, [1]]))
+    reqs = [req("a0", np.concatenate([a, [5]])), req("b0", np.concatenate([b, [5]])), req("b1", np.concatenate([b, [6]]))]
+    for r in reqs:
+        s.add_request(r)
+    assert [r.rid for r in s.policy.order(s.waiting)] == ["b0", "b1", "a0"]
+    run(s, ex)
+    check_outputs(reqs)
+
+
+def test_in_batch_dedup_runs_one_first_so_the_rest_hit() -> None:
+    s, ex = make()
+    shared = rand(200, 4)
+    reqs = [req(f"r{i}", np.concatenate([shared, rand(5, 10 + i)])) for i in range(3)]
+    for r in reqs:
+        s.add_request(r)
+    first = s.schedule()
+    assert [r.rid for r in first.requests] == ["r0"]
+    s.process_result(first, ex(first.forward))
+    run(s, ex)
+    check_outputs(reqs)
+    assert [r.cached_tokens for r in reqs] == [0, 200, 200]
+
+
+def test_fcfs_is_forced_when_the_cache_is_off() -> None:
+    s, ex = make(num_pages=400, enable_radix_cache=False, schedule_policy="lpm")
+    assert s.policy.policy == "fcfs"
+    shared = rand(60, 5)
+    reqs = [req(f"r{i}", np.concatenate([shared, [i]])) for i in range(4)]
+    for r in reqs:
+        s.add_request(r)
+    assert [r.rid for r in s.schedule().requests] == ["r0", "r1", "r2", "r3"]
+    s, ex = make(enable_radix_cache=False)
+    for r in (reqs := [req(f"r{i}", np.concatenate([shared, [i]])) for i in range(4)]):
+        s.add_request(r)
+    run(s, ex)
+    check_outputs(reqs)
+    assert s.tree.node_count == 0 and s.allocator.num_free == 256
+    assert s.stats()["cached_tokens_total"] == 0
+
+
+# ---------------------------------------------------------------- chunking, memory pressure
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_long_prompt_chunked_equals_unchunked(page_size: int) -> None:
+    prompt = rand(5000, 6)
+    outs = []
+    for chunk in (512, 8192):
+        s, ex = make(num_pages=6000 // page_size, page_size=page_size, chunk=chunk)
+        r = req("long", prompt, max_new=5)
+        s.add_request(r)
+        steps = run(s, ex)
+        outs.append(r.output_ids)
+        if chunk == 512:
+            assert steps >= 10 + 4
+        assert ex.tokens_computed == 5000 + 4
+    assert outs[0] == outs[1] == reference_generate(prompt, 5)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_tiny_pool_retracts_and_still_completes_everything(page_size: int) -> None:
+    prompts = [np.concatenate([rand(30, 7), rand(10 + i, 20 + i)]) for i in range(12)]
+    results = {}
+    for pages in (80 // page_size + 4, 4096):
+        s, ex = make(num_pages=pages, page_size=page_size, max_running=8, chunk=64)
+        reqs = [req(f"r{i}", p, max_new=20) for i, p in enumerate(prompts)]
+        for r in reqs:
+            s.add_request(r)
+        run(s, ex)
+        check_outputs(reqs)
+        results[pages] = [r.output_ids for r in reqs]
+        stats = s.stats()
+        assert stats["cached_tokens_total"] <= stats["prompt_tokens_total"]
+        assert all(r.cached_tokens < r.prompt_len for r in reqs)
+        if pages < 100:
+            assert stats["retractions_total"] > 0
+    assert results[80 // page_size + 4] == results[4096]
+
+
+def test_cached_tokens_are_counted_once_even_after_retraction() -> None:
+    s, ex = make(num_pages=70, max_running=4, chunk=64)
+    shared = rand(30, 8)
+    reqs = [req(f"r{i}", np.concatenate([shared, [i]]), max_new=25) for i in range(4)]
+    for r in reqs:
+        s.add_request(r)
+    run(s, ex)
+    check_outputs(reqs)
+    assert s.counters.retractions_total > 0
+    assert any(r.retractions for r in reqs)
+    assert all(r.cached_tokens <= r.prompt_len - 1 for r in reqs)
+    stats = s.stats()
+    assert stats["total_requests"] == 4 and stats["prompt_tokens_total"] == 4 * 31
+    assert stats["cached_tokens_total"] == sum(r.cached_tokens for r in reqs) <= 3 * 30
+
+
+# ---------------------------------------------------------------- lifecycle
+
+
+def test_abort_and_flush_return_the_pool_to_full() -> None:
+    s, ex = make(num_pages=400)
+    reqs = [req(f"r{i}", rand(50, 30 + i), max_new=50) for i in range(5)]
+    for r in reqs:
+        s.add_request(r)
+    for _ in range(4):
+        step(s, ex)
+    assert not s.flush_cache()
+    assert s.abort_request("r1") and not s.abort_request("r1") and not s.abort_request("nope")
+    assert reqs[1].finish_reason == {"type": "abort", "message": "aborted"}
+    batch = s.schedule()  # a step in flight when a request is aborted
+    s.abort_request(batch.requests[0].rid)
+    touched = s.process_result(batch, ex(batch.forward))
+    assert batch.requests[0] not in touched
+    for r in reqs:
+        s.abort_request(r.rid)
+    assert s.is_idle() and s.schedule() is None
+    assert s.allocator.num_free + s.tree.cached_tokens == 400 and s.tree.protected_tokens == 0
+    assert s.flush_cache()
+    assert s.allocator.num_free == 400 and s.tree.node_count == 0
+
+
+def test_max_new_tokens_zero_warms_the_cache() -> None:
+    s, ex = make()
+    prompt = rand(80, 9)
+    w = warm(s, ex, prompt)
+    assert w.output_ids == [] and w.finish_reason == {"type": "length", "length": 0}
+    assert s.tree.cached_tokens == 80
+    r = req("after", np.concatenate([prompt, [3, 4]]))
+    s.add_request(r)
+    run(s, ex)
+    check_outputs([r])
+    assert r.cached_tokens == 80
+
+
+def test_full_prompt_hit_still_computes_the_last_token() -> None:
+    s, ex = make()
+    prompt = rand(40, 10)
+    warm(s, ex, prompt)
+    r = req("same", prompt)
+    s.add_request(r)
+    batch = s.schedule()
+    assert batch.forward.prefix_lens.tolist() == [39] and batch.forward.extend_lens.tolist() == [1]
+    s.process_result(batch, ex(batch.forward))
+    run(s, ex)
+    check_outputs([r])
+    assert r.cached_tokens == 39
+
+
+def test_zero_length_match_after_page_truncation() -> None:
+    s, ex = make(page_size=4)
+    warm(s, ex, [1, 2, 3, 4])
+    r = req("short", [1, 2, 3, 4])  # may reuse 3 tokens: no whole page
+    s.add_request(r)
+    run(s, ex)
+    check_outputs([r])
+    assert r.cached_tokens == 0
+
+
+def test_duplicate_pages_are_freed_and_the_running_table_repointed() -> None:
+    # fcfs does no in-batch dedup: both compute the same prompt in one step
+    s, ex = make(num_pages=120, page_size=2, schedule_policy="fcfs")
+    prompt = rand(40, 11)
+    a, b = req("a", prompt, max_new=1), req("b", prompt, max_new=30)
+    s.add_request(a)
+    s.add_request(b)
+    first = s.schedule()
+    assert [r.rid for r in first.requests] == ["a", "b"]
+    s.process_result(first, ex(first.forward))
+    assert a.finished and b.synced_pages == 0  # b now points at a's pages: resend its table
+    others = [req(f"o{i}", rand(30, 40 + i), max_new=10) for i in range(2)]  # reuse the freed pages
+    for r in others:
+        s.add_request(r)
+    run(s, ex)
+    check_outputs([a, b, *others])
+
+
+def test_stop_token_eos_context_length_and_finish_request() -> None:
+    prompt = rand(20, 12)
+    ref = reference_generate(prompt, 50)
+    s, ex = make(ctx=30)
+    stop = req("stop", prompt, max_new=50, stop_token_ids=[ref[3]])
+    ctx = req("ctx", rand(20, 13), max_new=50)
+    eos_prompt = next(rand(20, seed) for seed in range(100, 10_000) if EOS in reference_generate(rand(20, seed), 10))
+    eos = req("eos", eos_prompt, max_new=10, ignore_eos=False)
+    manual = req("manual", rand(20, 14), max_new=50)
+    for r in (stop, ctx, eos, manual):
+        s.add_request(r)
+    step(s, ex)
+    step(s, ex)
+    assert s.finish_request("manual", {"type": "stop", "matched": "</s>"})
+    run(s, ex)
+    assert stop.finish_reason == {"type": "stop", "matched": ref[3]} and stop.output_ids == ref[:4]
+    assert ctx.finish_reason == {"type": "length", "length": 10} and len(ctx.output_ids) == 10
+    assert eos.finish_reason["type"] == "stop" and eos.output_ids[-1] == EOS
+    assert manual.finish_reason == {"type": "stop", "matched": "</s>"} and len(manual.output_ids) == 2
+    with pytest.raises(ValueError, match="context"):
+        s.add_request(req("too-long", rand(30, 15)))
+
+
+# ---------------------------------------------------------------- the batch on the wire
+
+
+def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
+    s, ex = make(page_size=4)
+    plain = req("plain", rand(10, 16), max_new=6)
+    pen = Request("pen", rand(10, 17), SamplingParams(max_new_tokens=6, temperature=0.5, top_k=5, seed=3, frequency_penalty=0.5, ignore_eos=True))
+    s.add_request(plain)
+    s.add_request(pen)
+    prefill = s.schedule()
+    fwd = prefill.forward
+    assert fwd.table_counts.tolist() == [3, 3] and fwd.vocab_mask is None and fwd.logprob_starts is None
+    s.process_result(prefill, ex(fwd))
+    decode = s.schedule().forward  # position 10 still fits in page 2
+    assert decode.table_slots.size == 0 and decode.extend_lens.tolist() == [1, 1]
+    assert decode.input_ids.tolist() == [plain.output_ids[-1], pen.output_ids[-1]]
+    sb = decode.sampling
+    assert sb.seed.tolist() == [-1, 3] and sb.top_k.tolist() == [-1, 5] and sb.temperature.tolist() == [1.0, 0.5]
+    assert sb.penalty_lens.tolist() == [0, 1] and sb.penalty_ids.tolist() == pen.output_ids
+
+
+def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
+    s, ex = make()
+    prompt = rand(30, 18)
+    warm(s, ex, prompt)
+    r = Request("lp", prompt, SamplingParams(max_new_tokens=2, ignore_eos=True), return_logprob=True, top_logprobs_num=2, logprob_start_len=10)
+    s.add_request(r)
+    batch = s.schedule()
+    fwd = batch.forward
+    assert fwd.prefix_lens.tolist() == [10] and fwd.logprob_starts.tolist() == [0]
+    result = ex(fwd)
+    result.input_logprobs = np.arange(20, dtype=np.float32)
+    result.logprobs = np.array([-0.5], dtype=np.float32)
+    result.top_logprob_ids = np.array([[4, 5]], dtype=np.int32)
+    result.top_logprob_values = np.array([[-0.1, -0.2]], dtype=np.float32)
+    s.process_result(batch, result)
+    assert r.input_logprobs == list(range(19)) and r.cached_tokens == 10  # the last scores an output
+    assert r.output_logprobs[0][:2] == [-0.5, r.output_ids[0]]
+    assert r.output_logprobs[0][2] == [[pytest.approx(-0.1), 4], [pytest.approx(-0.2), 5]]
+
+
+def test_a_worker_error_aborts_the_batch_and_a_stale_result_is_refused() -> None:
+    s, ex = make()
+    r = req("x", rand(10, 19))
+    s.add_request(r)
+    batch = s.schedule()
+    with pytest.raises(ValueError, match="step"):
+        s.process_result(batch, StepResult(step_id=batch.forward.step_id + 1, next_token_ids=np.zeros(1, np.int32)))
+    failed = s.process_result(batch, StepResult(step_id=batch.forward.step_id, next_token_ids=np.zeros(0, np.int32), error="boom"))
+    assert failed == [r] and r.finish_reason["type"] == "abort" and "boom" in r.finish_reason["message"]
+    assert s.is_idle() and s.allocator.num_free == 256
+
+
+# ---------------------------------------------------------------- random workloads
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    page_size=st.sampled_from([1, 2, 16]),
+    pool_factor=st.sampled_from([1, 2, 8]),
+    policy=st.sampled_from(["lpm", "dfs-weight", "fcfs"]),
+    cache=st.booleans(),
+    chunk=st.sampled_from([16, 64, 1024]),
+    specs=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 12), st.sampled_from([None, "t"])),
+        min_size=1, max_size=10,
+    ),
+    aborts=st.lists(st.integers(0, 9), max_size=2),
+)
+def test_random_workloads_match_the_reference(page_size, pool_factor, policy, cache, chunk, specs, aborts) -> None:
+    trunks = [rand(48, 50 + i) for i in range(3)]
+    prompts = [np.concatenate([trunks[t][: 16 * (t + 1)], rand(n, 60 + i)]) for i, (t, n, _, _) in enumerate(specs)]
+    need = max(-(-(len(p) + m) // page_size) for p, (_, _, m, _) in zip(prompts, specs))
+    s, ex = make(num_pages=need * pool_factor + 1, page_size=page_size, max_running=4, chunk=max(chunk, page_size),
+                 ctx=256, schedule_policy=policy, enable_radix_cache=cache)
+    reqs = [req(f"r{i}", p, max_new=m, salt=salt) for i, (p, (_, _, m, salt)) in enumerate(zip(prompts, specs))]
+    for r in reqs:
+        s.add_request(r)
+    for i, victim in enumerate(aborts):
+        for _ in range(3 * (i + 1)):
+            step(s, ex)
+        s.abort_request(f"r{victim}")
+    run(s, ex)
+    check_outputs([r for r in reqs if r.finish_reason["type"] != "abort"], ctx=256)
+    assert s.tree.protected_tokens == 0
+    assert s.allocator.num_free + s.tree.cached_tokens // page_size == s.config.num_pages
+    assert s.flush_cache() and s.allocator.num_free == s.config.num_pages
+
+
+def test_next_token_reads_the_whole_context() -> None:
+    a = rand(10, 20)
+    b = a.copy()
+    b[0] += 1
+    assert next_token(a) != next_token(b) or next_token(a[1:]) != next_token(b[1:])
