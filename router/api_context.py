@@ -1,0 +1,30 @@
+"""What every api route needs: the configuration, the router client and the app's metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from radixcluster.router.api_metrics import ApiMetrics
+from radixcluster.router.router_client import RouterClient
+
+
+@dataclass(slots=True)
+class ApiConfig:
+    """How to run the api process; the router binds both addresses, the api connects."""
+
+    host: str
+    port: int
+    request_address: str
+    output_address: str
+    api_key: str | None
+    served_model_name: str
+    max_body_bytes: int = 16 * 2**20
+
+
+@dataclass(slots=True)
+class ApiContext:
+    config: ApiConfig
+    client: RouterClient
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    created: int = field(default_factory=lambda: int(time.time()))

@@ -1,0 +1,209 @@
+"""Running generations for the HTTP routes: accumulate the router's deltas, time them, merge
+the sub-requests of a batch, abort when the client leaves, and speak SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from radixcluster.protocol import GenerateRequest, RequestOutput
+from radixcluster.router.api_errors import ApiError, error_body
+from radixcluster.router.api_metrics import ApiMetrics
+from radixcluster.router.router_client import RouterClient
+
+T = TypeVar("T")
+
+# nginx's code for "the client closed the request": nobody reads it, the log does.
+CLIENT_CLOSED = 499
+
+
+@dataclass(slots=True)
+class Generation:
+    """Everything one request has produced so far (the router sends deltas)."""
+
+    rid: str
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    output_logprobs: list[list[Any]] = field(default_factory=list)
+    input_logprobs: list[list[Any]] = field(default_factory=list)
+    e2e_latency: float = 0.0
+    # what the last update added, for streams that send deltas
+    new_text: str = ""
+    new_output_logprobs: list[list[Any]] = field(default_factory=list)
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.output_ids.extend(out.output_ids)
+        self.output_logprobs.extend(out.output_logprobs)
+        self.input_logprobs.extend(out.input_logprobs)
+        self.new_text = out.text
+        self.new_output_logprobs = out.output_logprobs
+        self.prompt_tokens = out.prompt_tokens
+        self.completion_tokens = out.completion_tokens
+        self.cached_tokens = out.cached_tokens
+        self.finished = out.finished
+        self.finish_reason = out.finish_reason
+
+    @property
+    def finish_type(self) -> str | None:
+        return None if self.finish_reason is None else self.finish_reason.get("type")
+
+    def native(self, return_logprob: bool) -> dict[str, Any]:
+        """SGLang's native response object (cumulative)."""
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "e2e_latency": self.e2e_latency,
+        }
+        if return_logprob:
+            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in self.input_logprobs]
+            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid, _ in self.output_logprobs]
+            meta["output_top_logprobs"] = [[[tlp, tid, None] for tlp, tid in tops] for _, _, tops in self.output_logprobs]
+        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+
+
+async def run_generation(client: RouterClient, request: GenerateRequest, metrics: ApiMetrics) -> AsyncIterator[Generation]:
+    """Yield the request's Generation after each output; a router rejection raises ApiError."""
+    gen = Generation(rid=request.rid)
+    start = last_token = time.monotonic()
+    first = True
+    async for out in client.generate(request):
+        if out.error is not None:
+            raise ApiError(out.status if out.status >= 400 else 500, out.error)
+        now = time.monotonic()
+        if out.output_ids:
+            if first:
+                metrics.time_to_first_token.observe(now - start)
+            else:
+                metrics.inter_token_latency.observe((now - last_token) / len(out.output_ids))
+            first = False
+            last_token = now
+        gen.add(out)
+        if gen.finished:
+            gen.e2e_latency = now - start
+            metrics.e2e_request_latency.observe(gen.e2e_latency)
+        yield gen
+
+
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several streams as their items arrive, tagged with the stream's index.
+
+    The first exception of any stream is raised here; leaving early cancels the others
+    (which aborts their requests).
+    """
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((index, item, None, False))
+        except Exception as exc:  # handed to the consumer, which re-raises it
+            queue.put_nowait((index, None, exc, True))
+        else:
+            queue.put_nowait((index, None, None, True))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            index, item, exc, ended = await queue.get()
+            if exc is not None:
+                raise exc
+            if ended:
+                live -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is already read, so only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client leaves first, cancel it (aborting its requests)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise ApiError(CLIENT_CLOSED, "the client disconnected")
+    finally:
+        task.cancel()
+        gone.cancel()
+
+
+async def collect(request: Request, streams: list[AsyncIterator[Generation]]) -> list[Generation]:
+    """Run sub-requests to completion, in input order; the client leaving aborts them."""
+
+    async def drain() -> list[Generation]:
+        results: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
+        async for index, gen in merge(streams):
+            results[index] = gen
+        return results
+
+    return await until_disconnect(request, drain())
+
+
+def sse(payload: Any) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream whose body iterator is always closed, so a client that leaves
+    mid-stream aborts its requests at once rather than when the iterator is collected."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def start_stream(chunks: AsyncIterator[dict[str, Any]]) -> SSEResponse:
+    """SSE frames of ``chunks``, then ``[DONE]``.
+
+    The first chunk is awaited before answering, so a request the router rejects at once
+    gets its HTTP error status; an error after that becomes an error frame (the status
+    line is already sent).
+    """
+    first = await anext(chunks)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield sse(first)
+            async for chunk in chunks:
+                yield sse(chunk)
+        except ApiError as exc:
+            yield sse(error_body(exc.status, exc.message))
+        finally:
+            await chunks.aclose()
+        yield SSE_DONE
+
+    return SSEResponse(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,80 @@
+"""Prometheus metrics of one api app: latency histograms measured here, and the router's
+counters and gauges rendered from its ``stats`` payload at each scrape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (exported name, stats key, help); counters get the ``_total`` suffix from prometheus_client.
+_COUNTERS = (
+    ("radixcluster_prompt_tokens", "prompt_tokens_total", "Prompt tokens received."),
+    ("radixcluster_cached_tokens", "cached_tokens_total", "Prompt tokens served from the radix cache."),
+    ("radixcluster_generation_tokens", "generation_tokens_total", "Tokens generated."),
+    ("radixcluster_requests", "requests_total", "Requests finished."),
+    ("radixcluster_radix_cache_hit", "cache_hit_requests_total", "Requests that reused a cached prefix."),
+    # SGLang's name for the same counter, so existing dashboards keep working.
+    ("sglang_radix_cache_hit", "cache_hit_requests_total", "Requests that reused a cached prefix (SGLang name)."),
+    ("radixcluster_evicted_tokens", "evicted_tokens_total", "Tokens evicted from the radix cache."),
+)
+_GAUGES = (
+    ("radixcluster_num_running_reqs", "num_running_reqs", "Requests being decoded or prefilled."),
+    ("radixcluster_num_waiting_reqs", "num_waiting_reqs", "Requests waiting for admission."),
+    ("radixcluster_token_usage", "token_usage", "Fraction of KV pages in use."),
+    ("radixcluster_tree_cached_tokens", "cached_tokens", "Tokens held by the radix tree."),
+    ("radixcluster_evictable_tokens", "evictable_tokens", "Tokens in the tree that no request locks."),
+    ("radixcluster_free_pages", "free_pages", "Free KV pages."),
+    ("radixcluster_total_pages", "total_pages", "KV pages in the pool."),
+    ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
+)
+
+# CPU serving is slow: the buckets reach into tens of seconds.
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class _RouterStats:
+    """A collector over one ``stats`` payload."""
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> list[Metric]:
+        families: list[Metric] = []
+        for name, key, doc in _COUNTERS:
+            if key in self._stats:
+                families.append(CounterMetricFamily(name, doc, value=float(self._stats[key])))
+        for name, key, doc in _GAUGES:
+            if key in self._stats:
+                families.append(GaugeMetricFamily(name, doc, value=float(self._stats[key])))
+        return families
+
+
+class ApiMetrics:
+    """Latency histograms of one app, in a registry of its own (two apps never collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.time_to_first_token = Histogram(
+            "radixcluster_time_to_first_token_seconds", "Time from request arrival to its first token.",
+            buckets=_TTFT_BUCKETS, registry=self.registry,
+        )
+        self.inter_token_latency = Histogram(
+            "radixcluster_inter_token_latency_seconds", "Time between consecutive output tokens.",
+            buckets=_ITL_BUCKETS, registry=self.registry,
+        )
+        self.e2e_request_latency = Histogram(
+            "radixcluster_e2e_request_latency_seconds", "Time from request arrival to its last token.",
+            buckets=_E2E_BUCKETS, registry=self.registry,
+        )
+
+    def render(self, router_stats: dict[str, Any]) -> bytes:
+        """Prometheus text: the router's counters and gauges, then the api's histograms."""
+        scrape = CollectorRegistry()
+        scrape.register(_RouterStats(router_stats))
+        return generate_latest(scrape) + generate_latest(self.registry)

@@ -1,0 +1,87 @@
+"""The api process: the FastAPI app (native and OpenAI routes, auth, JSON errors) and its
+uvicorn entry point, which serves until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixcluster import __version__
+from radixcluster.router.api_context import ApiConfig, ApiContext
+from radixcluster.router.api_errors import error_response, install_error_handlers
+from radixcluster.router.native_api import native_routes
+from radixcluster.router.openai_api import openai_routes
+from radixcluster.router.router_client import RouterClient
+
+__all__ = ["ApiConfig", "create_app", "run_api_server"]
+
+logger = logging.getLogger(__name__)
+
+# Load balancers probe this without credentials.
+_PUBLIC_PATHS = frozenset({"/health"})
+
+
+class BearerAuth:
+    """Refuse every request without ``Authorization: Bearer <key>``, except public paths."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self._app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                message = "missing API key" if not given else "invalid API key"
+                await error_response(401, f"{message}: send 'Authorization: Bearer <key>'")(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+def create_app(config: ApiConfig) -> FastAPI:
+    """The api app; its router client connects when the app starts (lifespan)."""
+    ctx = ApiContext(config=config, client=RouterClient(config.request_address, config.output_address))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await ctx.client.start()
+        try:
+            yield
+        finally:
+            await ctx.client.close()
+
+    app = FastAPI(title="radixcluster", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(native_routes(ctx))
+    app.include_router(openai_routes(ctx))
+    if config.api_key:
+        app.add_middleware(BearerAuth, api_key=config.api_key)
+    return app
+
+
+def run_api_server(config: ApiConfig) -> None:
+    """Serve the api on ``config.host:config.port``; return after the graceful shutdown that
+    SIGTERM or SIGINT starts (in-flight requests get a few seconds). Main thread only."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    # uvicorn re-raises the signal once it has shut down; a no-op handler beneath its own
+    # turns that into a plain return.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    logger.info("api serving on http://%s:%d", config.host, config.port)
+    server.run()

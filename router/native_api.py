@@ -1,0 +1,96 @@
+"""SGLang's native HTTP routes: /generate, health checks, server and cache information, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from radixcluster import __version__
+from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.router.api_context import ApiContext
+from radixcluster.router.api_errors import ApiError, error_response, read_json
+from radixcluster.router.api_generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api_metrics import CONTENT_TYPE
+from radixcluster.router.api_schemas import GenerateIn
+from radixcluster.router.router_client import RouterError, RouterUnavailable
+
+HEALTH_TIMEOUT_S = 2.0
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+
+async def _native_chunks(streams: list[AsyncIterator[Generation]], indexed: bool, return_logprob: bool) -> AsyncIterator[dict[str, Any]]:
+    async for index, gen in merge(streams):
+        chunk = gen.native(return_logprob)
+        if indexed:
+            chunk["index"] = index
+        yield chunk
+
+
+async def _last(stream: AsyncIterator[Generation]) -> Generation:
+    gen = None
+    async for gen in stream:
+        pass
+    return gen
+
+
+def native_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/generate")
+    async def generate(request: Request) -> Response:
+        body = GenerateIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        streams = [run_generation(ctx.client, sub, ctx.metrics) for sub in body.expand()]
+        as_list = body.returns_list()
+        if body.stream:
+            return await start_stream(_native_chunks(streams, as_list, body.return_logprob))
+        results = [gen.native(body.return_logprob) for gen in await collect(request, streams)]
+        return JSONResponse(results if as_list else results[0])
+
+    @router.get("/health")
+    async def health() -> Response:
+        try:
+            await ctx.client.control("server_info", timeout=HEALTH_TIMEOUT_S)
+        except (RouterUnavailable, RouterError) as exc:
+            return error_response(503, f"unhealthy: {exc}")
+        return Response(status_code=200)
+
+    @router.get("/health_generate")
+    async def health_generate() -> Response:
+        probe = GenerateRequest(
+            rid=f"health-{uuid.uuid4().hex}", sampling=SamplingParams(max_new_tokens=1, temperature=0.0), text="ping"
+        )
+        try:
+            await asyncio.wait_for(_last(run_generation(ctx.client, probe, ctx.metrics)), HEALTH_GENERATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return error_response(503, f"unhealthy: no token generated within {HEALTH_GENERATE_TIMEOUT_S:g} s")
+        except (ApiError, RouterUnavailable) as exc:
+            return error_response(503, f"unhealthy: {exc}")
+        return Response(status_code=200)
+
+    @router.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        info = await ctx.client.control("server_info")
+        return {**info, "served_model_name": ctx.config.served_model_name, "version": __version__}
+
+    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        result = await ctx.client.control("flush_cache")
+        if not result.get("success", False):
+            return error_response(400, result.get("message") or "the router refused to flush the cache")
+        return JSONResponse(result)
+
+    @router.get("/cache_info")
+    async def cache_info() -> dict[str, Any]:
+        return await ctx.client.control("cache_info")
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        stats = await ctx.client.control("stats")
+        return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE)
+
+    return router

@@ -1,0 +1,180 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions.
+
+The api never sees token text, so logprob entries name tokens as ``token_id:<id>`` (vLLM's
+``return_tokens_as_token_ids`` convention).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from radixcluster.protocol import GenerateRequest
+from radixcluster.router.api_context import ApiContext
+from radixcluster.router.api_errors import read_json
+from radixcluster.router.api_generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api_schemas import derive_rids
+from radixcluster.router.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def finish_reason(gen: Generation) -> str | None:
+    if not gen.finished:
+        return None
+    return _FINISH_REASONS.get(gen.finish_type, gen.finish_type)
+
+
+def usage(gens: list[Generation], n: int) -> dict[str, Any]:
+    """Token counts of a response; a prompt sampled ``n`` times counts once."""
+    firsts = gens[::n]
+    prompt = sum(g.prompt_tokens for g in firsts)
+    completion = sum(g.completion_tokens for g in gens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(g.cached_tokens for g in firsts)},
+    }
+
+
+def _token(tid: int) -> str:
+    return f"token_id:{tid}"
+
+
+def completion_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
+    return {
+        "tokens": [_token(tid) for _, tid, _ in entries],
+        "token_logprobs": [lp for lp, _, _ in entries],
+        "top_logprobs": [{_token(tid): tlp for tlp, tid in tops} for _, _, tops in entries],
+    }
+
+
+def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": _token(tid),
+                "logprob": lp,
+                "bytes": None,
+                "top_logprobs": [{"token": _token(t), "logprob": tlp, "bytes": None} for tlp, t in tops],
+            }
+            for lp, tid, tops in entries
+        ]
+    }
+
+
+def _requests(body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int) -> list[GenerateRequest]:
+    """``n`` requests per input, input-major, with distinct ids."""
+    sampling = body.sampling().to_protocol()
+    rids = derive_rids(body.rid, len(inputs) * body.n)
+    return [
+        GenerateRequest(
+            rid=rid,
+            sampling=sampling,
+            stream=body.stream,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs,
+            cache_salt=body.cache_salt,
+            **inputs[k // body.n],
+        )
+        for k, rid in enumerate(rids)
+    ]
+
+
+def _head(kind: str, prefix: str, model: str) -> dict[str, Any]:
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+
+
+async def _completion_chunks(streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
+    async for index, gen in merge(streams):
+        latest[index] = gen
+        if gen.new_text or gen.new_output_logprobs or gen.finished:
+            choice = {
+                "index": index,
+                "text": gen.new_text,
+                "logprobs": completion_logprobs(gen.new_output_logprobs) if body.logprobs is not None else None,
+                "finish_reason": finish_reason(gen),
+            }
+            yield {**head, "choices": [choice]}
+    if body.include_usage:
+        yield {**head, "choices": [], "usage": usage(latest, body.n)}
+
+
+async def _chat_chunks(streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
+
+    def chunk(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+
+    async for index, gen in merge(streams):
+        if latest[index] is None:
+            yield chunk(index, {"role": "assistant", "content": ""})
+        latest[index] = gen
+        if gen.new_text or gen.new_output_logprobs:
+            logprobs = chat_logprobs(gen.new_output_logprobs) if body.logprobs else None
+            yield chunk(index, {"content": gen.new_text}, logprobs)
+        if gen.finished:
+            yield chunk(index, {}, reason=finish_reason(gen))
+    if body.include_usage:
+        yield {**head, "choices": [], "usage": usage(latest, body.n)}
+
+
+def openai_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+    model = ctx.config.served_model_name
+
+    def run(requests: list[GenerateRequest]) -> list[AsyncIterator[Generation]]:
+        return [run_generation(ctx.client, r, ctx.metrics) for r in requests]
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
+        return {"object": "list", "data": [card]}
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = CompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
+        wants_logprobs = body.logprobs is not None
+        streams = run(_requests(body, inputs, wants_logprobs, body.logprobs or 0))
+        if body.stream:
+            return await start_stream(_completion_chunks(streams, body, _head("text_completion", "cmpl", model)))
+        gens = await collect(request, streams)
+        choices = [
+            {
+                "index": i,
+                "text": g.text,
+                "logprobs": completion_logprobs(g.output_logprobs) if wants_logprobs else None,
+                "finish_reason": finish_reason(g),
+            }
+            for i, g in enumerate(gens)
+        ]
+        return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body.n)})
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        inputs = [{"messages": [m.as_dict() for m in body.messages]}]
+        streams = run(_requests(body, inputs, body.logprobs, body.top_logprobs or 0))
+        if body.stream:
+            return await start_stream(_chat_chunks(streams, body, _head("chat.completion.chunk", "chatcmpl", model)))
+        gens = await collect(request, streams)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": g.text},
+                "logprobs": chat_logprobs(g.output_logprobs) if body.logprobs else None,
+                "finish_reason": finish_reason(g),
+            }
+            for i, g in enumerate(gens)
+        ]
+        return JSONResponse({**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body.n)})
+
+    return router

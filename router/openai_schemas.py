@@ -1,0 +1,168 @@
+"""Pydantic models of the OpenAI-compatible requests, and their translation into SGLang's
+sampling parameters (which also validates the ranges)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from radixcluster.router.api_schemas import SamplingParamsIn, TokenId
+
+# OpenAI's chat has no default cap; a bounded one keeps a forgotten max_tokens from running
+# to the end of the context.
+CHAT_DEFAULT_MAX_TOKENS = 512
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+# SGLang extensions a request may carry, passed through to the sampling parameters.
+_EXTRA_SAMPLING = (
+    "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ebnf", "ignore_eos",
+    "stop_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class OpenAIRequest(BaseModel):
+    """Fields both endpoints share; unknown fields are ignored like OpenAI-compatible servers do."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    min_tokens: int = Field(0, ge=0)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[TokenId] | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    rid: str | None = None
+    cache_salt: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling(self, max_new_tokens: int, **overrides: Any) -> SamplingParamsIn:
+        """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
+        params: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "min_new_tokens": self.min_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop,
+            "seed": self.seed,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+        }
+        params.update({name: getattr(self, name) for name in _EXTRA_SAMPLING if getattr(self, name) is not None})
+        params.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingParamsIn.model_validate(params)
+
+
+class CompletionIn(OpenAIRequest):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionIn:
+        if self.echo:
+            raise ValueError("echo=true is not supported")
+        prompts = self.prompts()
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and isinstance(self.prompt[0], int):
+            return [self.prompt]
+        return list(self.prompt)
+
+    def sampling(self) -> SamplingParamsIn:
+        return self._sampling(self.max_tokens)
+
+
+class ContentPart(BaseModel):
+    """A text part of a message (the served models read text only)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+    def grammar(self) -> str | None:
+        """The json_schema sampling parameter this format asks for."""
+        if self.type == "json_object":
+            return JSON_OBJECT_SCHEMA
+        if self.type == "json_schema":
+            return json.dumps(self.json_schema.schema_)
+        return None
+
+
+class ChatCompletionIn(OpenAIRequest):
+    """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+    def sampling(self) -> SamplingParamsIn:
+        limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), CHAT_DEFAULT_MAX_TOKENS)
+        schema = self.response_format.grammar() if self.response_format is not None else None
+        return self._sampling(limit, json_schema=schema)

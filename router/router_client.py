@@ -1,0 +1,168 @@
+"""The api process's bridge to the router: a ZeroMQ PUSH socket for requests, a PULL socket for
+outputs, one asyncio queue per request id and one future per control call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixcluster.protocol import (
+    AbortRequest,
+    ControlRequest,
+    ControlResponse,
+    GenerateRequest,
+    ProtocolError,
+    RequestOutput,
+    decode,
+    encode,
+)
+
+logger = logging.getLogger(__name__)
+
+# How long a frame may wait for the router to take it before the router counts as unreachable.
+SEND_TIMEOUT_S = 5.0
+CONTROL_TIMEOUT_S = 10.0
+
+
+class RouterUnavailable(Exception):
+    """The router did not take a message or did not answer in time."""
+
+
+class RouterError(Exception):
+    """The router answered a control call with an error."""
+
+
+class DuplicateRequestId(ValueError):
+    """A request id that is already running."""
+
+
+class RouterClient:
+    """Sends requests to the router and routes its outputs back to the waiting callers.
+
+    Must be started and used inside one running event loop.
+    """
+
+    def __init__(self, request_address: str, output_address: str) -> None:
+        self._request_address = request_address
+        self._output_address = output_address
+        self._ctx: zmq.asyncio.Context | None = None
+        self._push: zmq.asyncio.Socket | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._receiver: asyncio.Task | None = None
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending_sends: set[asyncio.Future] = set()
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        # Queue only on a live connection, so a send to an absent router waits (and times out)
+        # instead of piling up requests the router would run long after their callers left.
+        self._push.setsockopt(zmq.IMMEDIATE, 1)
+        self._push.connect(self._request_address)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.connect(self._output_address)
+        self._receiver = asyncio.create_task(self._receive_loop(), name="router-client-receive")
+
+    async def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        for fut in self._controls.values():
+            if not fut.done():
+                fut.set_exception(RouterUnavailable("the api is shutting down"))
+        if self._ctx is not None:
+            self._push.close()
+            self._pull.close()
+            self._ctx.term()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        """Send ``request`` and yield its outputs until one is finished or carries an error.
+
+        Leaving early (the caller is cancelled, or closes the iterator) aborts the request on
+        the router, so its pages are released.
+        """
+        if request.rid in self._streams:
+            raise DuplicateRequestId(f"request id {request.rid!r} is already running")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.rid] = queue
+        done = False
+        try:
+            await self._send(request)
+            while not done:
+                out = await queue.get()
+                done = out.finished or out.error is not None
+                yield out
+        finally:
+            self._streams.pop(request.rid, None)
+            if not done:
+                self.abort(request.rid)
+
+    def abort(self, rid: str) -> None:
+        """Tell the router to drop ``rid``; never blocks, so it is safe while being cancelled."""
+        if self._push is None:
+            return
+        fut = self._push.send(encode(AbortRequest(rid=rid)))
+        self._pending_sends.add(fut)
+        fut.add_done_callback(self._sent)
+
+    def _sent(self, fut: asyncio.Future) -> None:
+        self._pending_sends.discard(fut)
+        if not fut.cancelled() and fut.exception() is not None:
+            logger.warning("could not send an abort to the router: %s", fut.exception())
+
+    async def control(self, kind: str, args: dict[str, Any] | None = None, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+        """Ask the router a control question and return its payload.
+
+        Raises RouterUnavailable on timeout, RouterError when the router reports an error.
+        """
+        cid = uuid.uuid4().hex
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._controls[cid] = fut
+        try:
+            await self._send(ControlRequest(cid=cid, kind=kind, args=args or {}), timeout)
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise RouterUnavailable(f"the router did not answer {kind!r} within {timeout:g} s") from None
+        finally:
+            self._controls.pop(cid, None)
+
+    async def _send(self, msg: Any, timeout: float = SEND_TIMEOUT_S) -> None:
+        try:
+            await asyncio.wait_for(self._push.send(encode(msg)), timeout)
+        except asyncio.TimeoutError:
+            raise RouterUnavailable(f"the router did not accept a request within {timeout:g} s") from None
+
+    async def _receive_loop(self) -> None:
+        while True:
+            frame = await self._pull.recv()
+            try:
+                msg = decode(frame)
+            except ProtocolError as exc:
+                logger.error("dropping a malformed frame from the router: %s", exc)
+                continue
+            if isinstance(msg, RequestOutput):
+                queue = self._streams.get(msg.rid)
+                if queue is not None:  # otherwise the caller already left
+                    queue.put_nowait(msg)
+            elif isinstance(msg, ControlResponse):
+                self._resolve(msg)
+            else:
+                logger.error("unexpected %s from the router", type(msg).__name__)
+
+    def _resolve(self, msg: ControlResponse) -> None:
+        fut = self._controls.get(msg.cid)
+        if fut is None or fut.done():
+            return
+        if msg.error is not None:
+            fut.set_exception(RouterError(msg.error))
+        else:
+            fut.set_result(msg.payload)

@@ -1,0 +1,46 @@
+"""`--api-key`: every endpoint but /health wants `Authorization: Bearer <key>`."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+from api_helpers import TIMEOUT_S, assert_error
+from conftest import launch_server
+
+pytestmark = pytest.mark.slow
+
+KEY = "sekret-key"
+GENERATE = {"text": "Hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+
+
+@pytest.fixture(scope="module")
+def secured():
+    with launch_server(api_key=KEY) as handle:
+        yield handle
+
+
+def test_health_needs_no_key(secured):
+    assert requests.get(secured.url + "/health", timeout=TIMEOUT_S).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}], ids=["missing", "wrong", "no-bearer"])
+@pytest.mark.parametrize("method,path", [("POST", "/generate"), ("GET", "/metrics"), ("GET", "/cache_info"), ("GET", "/v1/models"), ("POST", "/flush_cache")])
+def test_requests_without_the_key_are_refused(secured, headers, method, path):
+    resp = requests.request(method, secured.url + path, json=GENERATE, headers=headers, timeout=TIMEOUT_S)
+    assert_error(resp, 401, "API key")
+
+
+def test_the_key_opens_every_endpoint(secured):
+    resp = requests.post(secured.url + "/generate", json=GENERATE, headers=secured.headers(), timeout=TIMEOUT_S)
+    assert resp.status_code == 200 and resp.json()["meta_info"]["completion_tokens"] <= 2
+    assert requests.get(secured.url + "/metrics", headers=secured.headers(), timeout=TIMEOUT_S).status_code == 200
+
+
+def test_openai_sdk_with_and_without_the_key(secured):
+    good = openai.OpenAI(base_url=secured.url + "/v1", api_key=KEY, timeout=120, max_retries=0)
+    model = good.models.list().data[0].id
+    assert good.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=0).choices
+    bad = openai.OpenAI(base_url=secured.url + "/v1", api_key="wrong", timeout=120, max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()

@@ -1,0 +1,127 @@
+"""Every class of bad input gets a 4xx JSON error naming the problem, and the server keeps
+serving: a valid request right after each one succeeds."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from api_helpers import TIMEOUT_S, assert_error, generate, post
+
+pytestmark = pytest.mark.slow
+
+TEXT = "Hello there"
+CONTEXT = 8192
+
+
+def sampling(**params) -> dict:
+    return {"text": TEXT, "sampling_params": {"max_new_tokens": 2, **params}}
+
+
+NATIVE_CASES = {
+    "not an object": ([1, 2, 3], "valid dictionary"),
+    "text of the wrong type": ({"text": 123}, "text"),
+    "neither text nor input_ids": ({"sampling_params": {"max_new_tokens": 2}}, "text"),
+    "both text and input_ids": ({"text": TEXT, "input_ids": [1, 2]}, "exactly one"),
+    "empty text": ({"text": ""}, "empty"),
+    "empty batch": ({"text": []}, "empty"),
+    "empty input_ids": ({"input_ids": []}, "empty"),
+    "float token id": ({"input_ids": [1.5, 2]}, "input_ids"),
+    "negative token id": ({"input_ids": [5, -1]}, "input_ids"),
+    "temperature of the wrong type": (sampling(temperature="hot"), "temperature"),
+    "negative temperature": (sampling(temperature=-0.5), "temperature"),
+    "top_p zero": (sampling(top_p=0), "top_p"),
+    "top_p above one": (sampling(top_p=1.5), "top_p"),
+    "top_k zero": (sampling(top_k=0), "top_k"),
+    "min_p above one": (sampling(min_p=2), "min_p"),
+    "negative max_new_tokens": (sampling(max_new_tokens=-1), "max_new_tokens"),
+    "n zero": (sampling(n=0), "n"),
+    "n too large": (sampling(n=65), "n"),
+    "frequency_penalty out of range": (sampling(frequency_penalty=3), "frequency_penalty"),
+    "repetition_penalty zero": (sampling(repetition_penalty=0), "repetition_penalty"),
+    "unknown sampling parameter": (sampling(max_new_token=5), "max_new_token"),
+    "regex and json_schema together": (sampling(regex="[ab]+", json_schema='{"type": "object"}'), "at most one"),
+    "sampling_params list for one prompt": ({"text": TEXT, "sampling_params": [{}, {}]}, "batch"),
+    "sampling_params list of the wrong length": ({"text": [TEXT, TEXT], "sampling_params": [{}]}, "sampling_params"),
+    "top-level max_tokens negative": ({"text": TEXT, "max_tokens": -3}, "max_tokens"),
+}
+
+OPENAI_CASES = {
+    "chat with an unknown role": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    "chat without messages": ("/v1/chat/completions", {"messages": []}, "messages"),
+    "chat with an image part": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "content",
+    ),
+    "chat with a bad response_format": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}, "response_format"),
+    "chat with negative max_tokens": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    "completion with echo": ("/v1/completions", {"prompt": TEXT, "echo": True}, "echo"),
+    "completion with an empty prompt": ("/v1/completions", {"prompt": ""}, "empty"),
+    "completion without a prompt": ("/v1/completions", {"max_tokens": 3}, "prompt"),
+    "completion with top_p zero": ("/v1/completions", {"prompt": TEXT, "top_p": 0}, "top_p"),
+    "completion with regex and json_schema": ("/v1/completions", {"prompt": TEXT, "regex": "a+", "json_schema": "{}"}, "at most one"),
+}
+
+
+@pytest.fixture()
+def still_serves(server):
+    """After the bad request, a good one must still be answered."""
+    yield
+    assert generate(server, TEXT, max_new_tokens=1)["meta_info"]["completion_tokens"] <= 1
+
+
+@pytest.mark.parametrize("body,word", NATIVE_CASES.values(), ids=NATIVE_CASES.keys())
+def test_native_request_validation(server, still_serves, body, word):
+    assert_error(post(server, "/generate", body), 400, word)
+
+
+@pytest.mark.parametrize("path,body,word", OPENAI_CASES.values(), ids=OPENAI_CASES.keys())
+def test_openai_request_validation(server, still_serves, path, body, word):
+    assert_error(post(server, path, body), 400, word)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
+def test_malformed_json(server, still_serves, path):
+    resp = requests.post(server.url + path, data=b'{"text": "hi",', headers={**server.headers(), "Content-Type": "application/json"}, timeout=TIMEOUT_S)
+    assert_error(resp, 400, "invalid JSON")
+
+
+def test_empty_body(server, still_serves):
+    resp = requests.post(server.url + "/generate", data=b"", headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(resp, 400, "empty")
+
+
+def test_oversized_body(server, still_serves):
+    body = b'{"text": "' + b"a" * (17 * 2**20) + b'"}'
+    resp = requests.post(server.url + "/generate", data=body, headers={**server.headers(), "Content-Type": "application/json"}, timeout=TIMEOUT_S)
+    assert_error(resp, 413, "exceeds")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_prompt_longer_than_the_context(server, still_serves, stream):
+    body = {"input_ids": [504] * (CONTEXT + 100), "sampling_params": {"max_new_tokens": 2}, "stream": stream}
+    assert_error(post(server, "/generate", body), 400)
+
+
+def test_text_prompt_longer_than_the_context(server, still_serves):
+    assert_error(post(server, "/generate", {"text": "hello " * (CONTEXT + 100), "max_tokens": 2}), 400)
+
+
+@pytest.mark.parametrize("bad_id", [49152, 10**6])
+def test_token_ids_outside_the_vocabulary(server, still_serves, bad_id):
+    assert_error(post(server, "/generate", {"input_ids": [504, bad_id], "max_tokens": 2}), 400, str(bad_id))
+    assert_error(post(server, "/v1/completions", {"prompt": [504, bad_id], "max_tokens": 2}), 400, str(bad_id))
+
+
+def test_stop_token_id_outside_the_vocabulary(server, still_serves):
+    assert_error(post(server, "/generate", sampling(stop_token_ids=[10**6])), 400)
+
+
+def test_unknown_path_and_wrong_method(server):
+    assert_error(requests.get(server.url + "/no_such_endpoint", headers=server.headers(), timeout=TIMEOUT_S), 404)
+    assert_error(requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S), 405)
+
+
+def test_duplicate_request_ids(server, still_serves):
+    body = {"text": [TEXT, TEXT], "rid": ["same", "same"], "max_tokens": 2}
+    assert_error(post(server, "/generate", body), 400, "distinct")

@@ -1,0 +1,196 @@
+"""SGLang's native API against a real `radixcluster up`: /generate (single, batch, n,
+streaming, logprobs), health, server and cache information, flushing, metrics, aborts."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from api_helpers import GREEDY, TIMEOUT_S, generate, get, metric_value, post, sse_events, wait_idle
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+# Long enough that its KV spans several pages, so a repeat must hit the radix cache.
+LONG_PROMPT = "You are a careful assistant who answers questions about geography. " * 12 + "Name a river."
+
+
+def assert_consistent(result: dict, max_new_tokens: int) -> None:
+    meta = result["meta_info"]
+    assert isinstance(result["text"], str)
+    assert meta["completion_tokens"] == len(result["output_ids"]) <= max_new_tokens
+    assert meta["prompt_tokens"] > 0
+    assert 0 <= meta["cached_tokens"] < meta["prompt_tokens"]
+    assert meta["e2e_latency"] > 0
+    assert meta["finish_reason"]["type"] in ("stop", "length")
+    if meta["finish_reason"]["type"] == "length":
+        assert meta["completion_tokens"] == max_new_tokens == meta["finish_reason"]["length"]
+
+
+def test_generate_returns_text_and_consistent_meta_info(server):
+    result = generate(server, PROMPT, max_new_tokens=8, rid="my-request-1")
+    assert_consistent(result, 8)
+    assert result["meta_info"]["id"] == "my-request-1"
+    assert result["text"]
+
+
+def test_top_level_max_tokens_as_users_send_it(server):
+    # The seed's request, verbatim in shape: no sampling_params at all.
+    resp = post(server, "/generate", {"text": PROMPT, "max_tokens": 4})
+    assert resp.status_code == 200, resp.text
+    assert_consistent(resp.json(), 4)
+    exact = post(server, "/generate", {"text": PROMPT, "max_new_tokens": 3, "sampling_params": {"ignore_eos": True}})
+    assert exact.json()["meta_info"]["completion_tokens"] == 3
+
+
+def test_repeated_prompt_is_deterministic_and_hits_the_cache(server):
+    first = generate(server, LONG_PROMPT, max_new_tokens=6)
+    second = generate(server, LONG_PROMPT, max_new_tokens=6)
+    assert second["output_ids"] == first["output_ids"]
+    assert second["text"] == first["text"]
+    assert 0 < second["meta_info"]["cached_tokens"] < second["meta_info"]["prompt_tokens"]
+
+
+def test_input_ids_prompt_counts_its_tokens(server):
+    ids = [504, 3458, 282, 4649, 314]
+    resp = post(server, "/generate", {"input_ids": ids, "sampling_params": {**GREEDY, "max_new_tokens": 4}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["meta_info"]["prompt_tokens"] == len(ids)
+    assert_consistent(resp.json(), 4)
+
+
+def test_batch_with_n_keeps_input_order_and_distinct_ids(server):
+    prompts = [[504, 3458, 282], [504, 3458, 282, 4649, 314, 1345, 28, 1789]]
+    body = {"input_ids": prompts, "sampling_params": {**GREEDY, "max_new_tokens": 3, "n": 2}, "rid": "batch"}
+    resp = post(server, "/generate", body)
+    assert resp.status_code == 200, resp.text
+    results = resp.json()
+    assert [r["meta_info"]["prompt_tokens"] for r in results] == [3, 3, 8, 8]
+    assert len({r["meta_info"]["id"] for r in results}) == 4
+    # greedy copies of one prompt agree
+    assert results[0]["output_ids"] == results[1]["output_ids"]
+    assert results[2]["output_ids"] == results[3]["output_ids"]
+
+
+def test_text_batch_with_per_prompt_sampling_params(server):
+    body = {
+        "text": [PROMPT, "Water boils at"],
+        "sampling_params": [{**GREEDY, "max_new_tokens": 2, "ignore_eos": True}, {**GREEDY, "max_new_tokens": 5, "ignore_eos": True}],
+    }
+    results = post(server, "/generate", body).json()
+    assert [r["meta_info"]["completion_tokens"] for r in results] == [2, 5]
+
+
+def test_single_prompt_with_n_returns_a_list(server):
+    results = post(server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}).json()
+    assert isinstance(results, list) and len(results) == 3
+
+
+def test_streaming_chunks_are_cumulative_and_end_with_done(server):
+    params = {**GREEDY, "max_new_tokens": 8}
+    with requests.post(
+        server.url + "/generate",
+        json={"text": PROMPT, "sampling_params": params, "stream": True},
+        headers=server.headers(), stream=True, timeout=TIMEOUT_S,
+    ) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(resp)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks
+    for before, after in zip(chunks, chunks[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    whole = generate(server, PROMPT, max_new_tokens=8)
+    assert chunks[-1]["output_ids"] == whole["output_ids"]
+    assert chunks[-1]["text"] == whole["text"]
+
+
+def test_logprobs_line_up_with_output_ids(server):
+    result = generate(server, PROMPT, max_new_tokens=4, return_logprob=True, top_logprobs_num=2, logprob_start_len=0)
+    meta = result["meta_info"]
+    assert [entry[1] for entry in meta["output_token_logprobs"]] == result["output_ids"]
+    assert all(entry[0] <= 0 for entry in meta["output_token_logprobs"])
+    assert all(len(tops) == 2 for tops in meta["output_top_logprobs"])
+    assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+
+
+def test_zero_new_tokens_only_prefills(server):
+    result = generate(server, LONG_PROMPT + " Zero", max_new_tokens=0)
+    assert result["output_ids"] == [] and result["text"] == ""
+    assert result["meta_info"]["completion_tokens"] == 0
+
+
+def test_health_info_and_models(server):
+    assert requests.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
+    assert get(server, "/health_generate").status_code == 200
+    info = get(server, "/get_server_info").json()
+    assert info["served_model_name"] and info["version"]
+    models = get(server, "/v1/models").json()["data"]
+    assert [m["id"] for m in models] == [info["served_model_name"]]
+
+
+def test_cache_info_has_the_fields_users_read(server):
+    generate(server, LONG_PROMPT, max_new_tokens=2)
+    generate(server, LONG_PROMPT, max_new_tokens=2)
+    info = get(server, "/cache_info").json()
+    for key in ("total_requests", "cache_hits", "hit_rate", "shared_prefix_length_avg", "tree_nodes"):
+        assert isinstance(info[key], (int, float)), key
+    assert info["cache_hits"] >= 1 and info["total_requests"] >= 2
+    assert 0 < info["hit_rate"] <= 1
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_flush_cache_empties_the_tree(server, method):
+    generate(server, LONG_PROMPT, max_new_tokens=2)
+    wait_idle(server)
+    resp = requests.request(method, server.url + "/flush_cache", headers=server.headers(), timeout=TIMEOUT_S)
+    assert resp.status_code == 200, resp.text
+    assert generate(server, LONG_PROMPT, max_new_tokens=2)["meta_info"]["cached_tokens"] == 0
+
+
+def test_metrics_counters_grow_with_requests(server):
+    resp = get(server, "/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    assert "radixcluster_cache_hit_rate" not in resp.text
+    names = ("radixcluster_requests_total", "radixcluster_generation_tokens_total", "radixcluster_prompt_tokens_total",
+             "sglang_radix_cache_hit_total", "radixcluster_e2e_request_latency_seconds_count")
+    before = {name: metric_value(server, name) for name in names}
+    generate(server, LONG_PROMPT, max_new_tokens=3, sampling_params={"ignore_eos": True})
+    generate(server, LONG_PROMPT, max_new_tokens=3, sampling_params={"ignore_eos": True})
+    after = {name: metric_value(server, name) for name in names}
+    assert after["radixcluster_requests_total"] >= before["radixcluster_requests_total"] + 2
+    assert after["radixcluster_generation_tokens_total"] >= before["radixcluster_generation_tokens_total"] + 6
+    assert after["radixcluster_prompt_tokens_total"] > before["radixcluster_prompt_tokens_total"]
+    assert after["sglang_radix_cache_hit_total"] >= before["sglang_radix_cache_hit_total"] + 1
+    assert after["radixcluster_e2e_request_latency_seconds_count"] >= before["radixcluster_e2e_request_latency_seconds_count"] + 2
+    assert metric_value(server, "radixcluster_radix_cache_hit_total") == after["sglang_radix_cache_hit_total"]
+
+
+LONG_RUN = 4000  # far more tokens than the test waits for
+
+
+def _long_request(stream: bool) -> dict:
+    params = {**GREEDY, "max_new_tokens": LONG_RUN, "ignore_eos": True}
+    return {"text": PROMPT, "sampling_params": params, "stream": stream}
+
+
+def test_streaming_client_that_leaves_aborts_its_request(server):
+    wait_idle(server)
+    generated = metric_value(server, "radixcluster_generation_tokens_total")
+    with requests.post(server.url + "/generate", json=_long_request(True), headers=server.headers(), stream=True, timeout=TIMEOUT_S) as resp:
+        next(resp.iter_lines())
+    wait_idle(server)
+    assert metric_value(server, "radixcluster_generation_tokens_total") - generated < LONG_RUN
+
+
+def test_non_streaming_client_that_leaves_aborts_its_request(server):
+    wait_idle(server)
+    generated = metric_value(server, "radixcluster_generation_tokens_total")
+    with pytest.raises(requests.Timeout):
+        requests.post(server.url + "/generate", json=_long_request(False), headers=server.headers(), timeout=3)
+    wait_idle(server)
+    assert metric_value(server, "radixcluster_generation_tokens_total") - generated < LONG_RUN
+    assert generate(server, PROMPT, max_new_tokens=2)["meta_info"]["completion_tokens"] <= 2
