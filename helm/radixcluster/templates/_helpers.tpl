@@ -1,0 +1,168 @@
+{{/* Names, labels and the pieces of the server container shared by the templates. */}}
+
+{{- define "radixcluster.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "radixcluster.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "radixcluster.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "radixcluster.instanceLabels" . }}
+{{- end }}
+
+{{/* Every pod of this release; the NetworkPolicy lets them reach one another. */}}
+{{- define "radixcluster.instanceLabels" -}}
+app.kubernetes.io/name: {{ include "radixcluster.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "radixcluster.selectorLabels" -}}
+{{ include "radixcluster.instanceLabels" . }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{- define "radixcluster.rayHeadSelectorLabels" -}}
+{{ include "radixcluster.instanceLabels" . }}
+app.kubernetes.io/component: ray-head
+{{- end }}
+
+{{- define "radixcluster.rayHeadName" -}}
+{{- printf "%s-ray-head" (include "radixcluster.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "radixcluster.rayAddress" -}}
+{{- printf "%s:%d" (include "radixcluster.rayHeadName" .) (int .Values.ray.headPort) }}
+{{- end }}
+
+{{- define "radixcluster.image" -}}
+{{- $flavor := ternary "cuda" "cpu" .Values.gpu.enabled }}
+{{- printf "%s:%s" .Values.image.repository (default (printf "%s-%s" .Chart.AppVersion $flavor) .Values.image.tag) }}
+{{- end }}
+
+{{/* The Secret holding the API key, or "" when the server runs without one. */}}
+{{- define "radixcluster.apiKeySecret" -}}
+{{- if .Values.apiKey.existingSecret }}
+{{- .Values.apiKey.existingSecret }}
+{{- else if .Values.apiKey.create }}
+{{- include "radixcluster.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{- define "radixcluster.modelPath" -}}
+{{- if ne .Values.model.source "embedded" }}
+{{- trimSuffix "/" (printf "%s/%s" .Values.model.mountPath .Values.model.path) }}
+{{- end }}
+{{- end }}
+
+{{/* The flags of `radixcluster up`; a null value leaves its flag to the server's default. */}}
+{{- define "radixcluster.serverArgs" -}}
+{{- $s := .Values.server -}}
+- --host=0.0.0.0
+- --port={{ int $s.port }}
+- --tp-size={{ int $s.tpSize }}
+- --log-level={{ $s.logLevel }}
+{{- with (include "radixcluster.modelPath" .) }}
+- --model-path={{ . }}
+{{- end }}
+{{- if include "radixcluster.apiKeySecret" . }}
+- --api-key=$(RADIXCLUSTER_API_KEY)
+{{- end }}
+{{- if .Values.ray.enabled }}
+- --ray-address=$(RAY_ADDRESS)
+{{- end }}
+{{- $ints := dict "pageSize" "page-size" "chunkedPrefillSize" "chunked-prefill-size" "maxRunningRequests" "max-running-requests" "maxTotalTokens" "max-total-tokens" "contextLength" "context-length" }}
+{{- range $key, $flag := $ints }}
+{{- with index $s $key }}
+- --{{ $flag }}={{ int64 . }}
+{{- end }}
+{{- end }}
+{{- $strings := dict "servedModelName" "served-model-name" "memFractionStatic" "mem-fraction-static" "dtype" "dtype" "schedulePolicy" "schedule-policy" }}
+{{- range $key, $flag := $strings }}
+{{- with index $s $key }}
+- {{ printf "--%s=%v" $flag . | quote }}
+{{- end }}
+{{- end }}
+{{- if $s.disableRadixCache }}
+- --disable-radix-cache
+{{- end }}
+{{- range $s.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Readiness as an exec probe: httpGet cannot read the API key from a Secret. */}}
+{{- define "radixcluster.readinessCommand" -}}
+{{- $url := printf "http://127.0.0.1:%d%s" (int .Values.server.port) .Values.probes.readiness.path -}}
+- python
+- -c
+- |
+  import os, urllib.request as u
+  key = os.environ.get("RADIXCLUSTER_API_KEY")
+  headers = {"Authorization": "Bearer " + key} if key else {}
+  u.urlopen(u.Request({{ $url | quote }}, headers=headers), timeout={{ int .Values.probes.readiness.timeoutSeconds }})
+{{- end }}
+
+{{- define "radixcluster.rayTokenSecret" -}}
+{{- printf "%s-ray-token" (include "radixcluster.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Every Ray process of the release: where the head is, and token auth (Ray runs code for
+anyone who reaches it). */}}
+{{- define "radixcluster.rayEnv" -}}
+- name: RAY_ADDRESS
+  value: {{ include "radixcluster.rayAddress" . | quote }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "radixcluster.rayTokenSecret" . }}
+      key: token
+{{- end }}
+
+{{- define "radixcluster.modelVolume" -}}
+{{- if eq .Values.model.source "pvc" }}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ required "model.pvc.claimName is required with model.source=pvc" .Values.model.pvc.claimName }}
+    readOnly: true
+{{- else if eq .Values.model.source "hostPath" }}
+- name: model
+  hostPath:
+    path: {{ required "model.hostPath.path is required with model.source=hostPath" .Values.model.hostPath.path }}
+    type: Directory
+{{- end }}
+{{- end }}
+
+{{/* A Secret value that is generated once and then kept across upgrades. */}}
+{{- define "radixcluster.persistentSecretValue" -}}
+{{- $ctx := index . 0 }}{{- $name := index . 1 }}{{- $key := index . 2 }}
+{{- $previous := lookup "v1" "Secret" $ctx.Release.Namespace $name }}
+{{- if and $previous (hasKey $previous.data $key) }}
+{{- index $previous.data $key }}
+{{- else }}
+{{- randAlphaNum 40 | b64enc }}
+{{- end }}
+{{- end }}
+
+{{- define "radixcluster.replicaSummary" -}}
+{{- $replicas := ternary (printf "%v-%v (autoscaled)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) (toString .Values.replicaCount) .Values.autoscaling.enabled }}
+{{- printf "%s replica(s), tensor parallel %d on %s" $replicas (int .Values.server.tpSize) (ternary "GPUs" "CPUs" .Values.gpu.enabled) }}
+{{- if .Values.ray.enabled }} in one Ray cluster{{ end }}
+{{- end }}

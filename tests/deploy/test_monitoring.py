@@ -1,0 +1,105 @@
+"""The Grafana dashboard and the Prometheus alert rules query only metrics the server exports
+(read from the real /metrics renderer), and the chart ships these very files."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+import pytest
+import yaml
+from chart_checks import CHART, REPO
+from prometheus_client.parser import text_string_to_metric_families
+
+from radixcluster.router import api_metrics
+
+DASHBOARD = REPO / "deploy" / "grafana" / "radixcluster-dashboard.json"
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+# What PromQL expressions may name besides metrics: functions, keywords, labels, time units.
+PROMQL_WORDS = {
+    "sum", "min", "max", "avg", "count", "by", "without", "on", "ignoring", "group_left", "and", "or",
+    "unless", "offset", "rate", "irate", "increase", "deriv", "histogram_quantile", "min_over_time",
+    "max_over_time", "avg_over_time", "label_values", "le", "job", "instance", "pod", "namespace",
+}
+ISSUE_METRICS = {
+    "radixcluster_prompt_tokens_total", "radixcluster_cached_tokens_total", "radixcluster_generation_tokens_total",
+    "radixcluster_requests_total", "radixcluster_radix_cache_hit_total", "radixcluster_evicted_tokens_total",
+    "radixcluster_num_running_reqs", "radixcluster_num_waiting_reqs", "radixcluster_token_usage",
+    "radixcluster_time_to_first_token_seconds_bucket", "radixcluster_inter_token_latency_seconds_bucket",
+    "radixcluster_e2e_request_latency_seconds_bucket",
+}
+
+
+@pytest.fixture(scope="module")
+def exported() -> set[str]:
+    """Every sample name /metrics serves, from the real renderer with every router stat present."""
+    stats = {key: 1.0 for _, key, _ in api_metrics._COUNTERS + api_metrics._GAUGES}
+    text = api_metrics.ApiMetrics().render(stats).decode()
+    return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Identifiers of ``expr`` that are neither PromQL words nor inside label matchers,
+    strings, durations or Grafana variables."""
+    bare = re.sub(r'"[^"]*"|\{[^}]*\}|\$\w+|\[[^\]]*\]|\b\d+(?:ms|[smhdwy])\b', " ", expr)
+    return set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare)) - PROMQL_WORDS
+
+
+def dashboard_exprs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("expr", "definition") and isinstance(value, str):
+                yield value
+            else:
+                yield from dashboard_exprs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from dashboard_exprs(item)
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_the_server_exports_the_metrics_deploy_relies_on(exported: set[str]) -> None:
+    assert ISSUE_METRICS <= exported
+
+
+def test_dashboard_queries_exported_metrics(exported: set[str]) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = list(dashboard_exprs(dashboard["panels"])) + list(dashboard_exprs(dashboard["templating"]))
+    assert len(exprs) >= 20
+    used = set().union(*(metric_names(e) for e in exprs))
+    assert used <= exported | {"up"}, used - exported
+    assert {"radixcluster_generation_tokens_total", "radixcluster_token_usage"} <= used
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {"Time to first token", "Inter-token latency", "Prefix cache hit rate", "Queue"} <= titles
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_dashboard_reads_counters_as_rates() -> None:
+    for expr in dashboard_exprs(json.loads(DASHBOARD.read_text())["panels"]):
+        for counter in re.findall(r"radixcluster_\w+_(?:total|bucket)\b", expr):
+            assert re.search(rf"rate\({counter}\b", expr), f"{counter} read without rate() in {expr}"
+
+
+def test_alerts_query_exported_metrics(exported: set[str]) -> None:
+    rules = alert_rules()
+    names = {r["alert"] for r in rules}
+    assert {"RadixclusterDown", "RadixclusterCacheHitRateCollapse", "RadixclusterQueueGrowing",
+            "RadixclusterKVCacheExhausted"} == names
+    for rule in rules:
+        assert metric_names(rule["expr"]) <= exported | {"up"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        assert rule["annotations"]["summary"] and re.fullmatch(r"\d+[smh]", rule["for"])
+
+
+def test_metric_name_check_catches_a_typo(exported: set[str]) -> None:
+    assert metric_names('sum(rate(radixcluster_generated_tokens_total{job=~"$job"}[5m]))') - exported
+
+
+def test_chart_ships_these_files() -> None:
+    for shipped, source in ((CHART / "files" / "alerts.yaml", ALERTS),
+                            (CHART / "files" / "radixcluster-dashboard.json", DASHBOARD)):
+        assert shipped.resolve() == source.resolve()
