@@ -1,0 +1,75 @@
+"""RuntimeEndpoint: the HTTP client of a radixcluster (or SGLang) server that programs run against."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from radixcluster.lang.chat_template import ChatTemplate, chat_template_for_model, get_chat_template
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """The server refused or failed a request; ``message`` is the server's own words."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"server error {status} from {url}: {message}")
+        self.status = status
+        self.message = message
+
+
+class RuntimeEndpoint:
+    """A server at ``base_url``. Thread-safe: programs run from many threads share one.
+
+    Without ``chat_template`` (a name or a ChatTemplate) the template is chosen from the
+    served model's name, which makes the constructor ask the server for it.
+    """
+
+    def __init__(
+        self, base_url: str, api_key: str | None = None, timeout: float = 600.0, chat_template: str | ChatTemplate | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        if isinstance(chat_template, str):
+            chat_template = get_chat_template(chat_template)
+        self.chat_template = chat_template or chat_template_for_model(self.server_info().get("served_model_name", ""))
+
+    def server_info(self) -> dict[str, Any]:
+        """``GET /get_server_info``."""
+        return self._request("GET", "/get_server_info")
+
+    def generate(self, payload: dict[str, Any]) -> Any:
+        """``POST /generate`` with a native-API body; the decoded JSON answer (a list for a batch)."""
+        return self._request("POST", "/generate", payload)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+        try:
+            response = self._client.request(method, path, json=payload)
+        except httpx.TimeoutException as exc:
+            raise TimeoutError(f"no answer from {self.base_url}{path} within the timeout: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"cannot reach the server at {self.base_url}{path}: {exc}") from exc
+        if response.status_code >= 400:
+            raise ServerError(response.status_code, _error_message(response), f"{self.base_url}{path}")
+        return response.json()
+
+    def __repr__(self) -> str:
+        return f"RuntimeEndpoint({self.base_url!r}, chat_template={self.chat_template.name!r})"
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return response.text.strip()

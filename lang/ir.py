@@ -1,0 +1,112 @@
+"""The expressions a program appends to its state (`s += ...`): text, gen, select, role blocks,
+and their concatenations; plus the public constructors gen/select/system/user/assistant."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+class Expr:
+    """Base of the expressions; ``a + b`` concatenates (``"Q: " + gen("a")``)."""
+
+    __slots__ = ()
+
+    def __add__(self, other: ExprLike) -> Concat:
+        return Concat((self, other))
+
+    def __radd__(self, other: ExprLike) -> Concat:
+        return Concat((other, self))
+
+
+@dataclass(slots=True, frozen=True)
+class Concat(Expr):
+    parts: tuple[ExprLike, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Gen(Expr):
+    """Generate text into variable ``name``; ``sampling_params`` holds only what was set."""
+
+    name: str | None
+    sampling_params: dict[str, Any]
+
+
+@dataclass(slots=True, frozen=True)
+class Select(Expr):
+    """Pick the choice the model finds most likely (mean logprob per token)."""
+
+    name: str | None
+    choices: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.choices or not all(isinstance(c, str) and c for c in self.choices):
+            raise ValueError("select needs a non-empty list of non-empty strings as choices")
+
+
+@dataclass(slots=True, frozen=True)
+class Role(Expr):
+    """One message: the role's prefix, the content, the role's suffix."""
+
+    role: str
+    content: ExprLike
+
+
+ExprLike = Union[str, Expr]
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    regex: str | None = None,
+    json_schema: str | dict[str, Any] | None = None,
+    choices: list[str] | None = None,
+) -> Gen | Select:
+    """Generate into ``name``; unset parameters take the server's defaults. With ``choices``
+    this is ``select(name, choices)``. ``json_schema`` may be a dict or its JSON text."""
+    if choices is not None:
+        return select(name, choices)
+    if isinstance(json_schema, dict):
+        json_schema = json.dumps(json_schema)
+    params = {
+        "max_new_tokens": max_tokens,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos,
+        "regex": regex,
+        "json_schema": json_schema,
+    }
+    return Gen(name, {key: value for key, value in params.items() if value is not None})
+
+
+def select(name: str | None = None, choices: list[str] | None = None) -> Select:
+    """Append the most likely of ``choices`` and store it in ``name``."""
+    return Select(name, tuple(choices or ()))
+
+
+def system(content: ExprLike = "") -> Role:
+    return Role("system", content)
+
+
+def user(content: ExprLike = "") -> Role:
+    return Role("user", content)
+
+
+def assistant(content: ExprLike = "") -> Role:
+    return Role("assistant", content)

@@ -1,0 +1,146 @@
+"""ProgramState: what a program's `s` is. Appends run in order on the state's own thread, so
+forks proceed concurrently while reads (`s["x"]`, `s.text()`) wait for what they need."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from radixcluster.lang.backend import RuntimeEndpoint
+from radixcluster.lang.interpreter import execute, prefill
+from radixcluster.lang.ir import Expr
+from radixcluster.lang.trace import RequestLog, Trace
+
+JOIN_MODES = ("gather_variable", "concate_and_append")
+
+
+class ProgramState:
+    """The state of one running program (``s += ...``, ``s["name"]``, ``s.fork(n)``)."""
+
+    def __init__(self, backend: RuntimeEndpoint, trace: Trace | None = None, log: RequestLog | None = None) -> None:
+        self.backend = backend
+        self._trace = trace or Trace()
+        self._log = log or RequestLog()
+        self._forks: list[ProgramState] = []
+        self._queue: deque[Callable[[], None]] = deque()
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._draining = False
+        self._error: BaseException | None = None
+
+    def __iadd__(self, expr: str | Expr) -> ProgramState:
+        if not isinstance(expr, (str, Expr)):
+            raise TypeError(f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant")
+        self._submit(lambda: execute(expr, self._trace, self.backend, self._log))
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        try:
+            return self._trace.variables[name]
+        except KeyError:
+            raise KeyError(f"no variable {name!r}; this program has {sorted(self._trace.variables)}") from None
+
+    def text(self) -> str:
+        self.sync()
+        return self._trace.text
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return [dict(m) for m in self._trace.messages]
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        """The server's meta_info of gen ``name``; for a select, each choice's scores."""
+        self.sync()
+        return self._trace.meta_info[name]
+
+    def get_cache_hit_info(self) -> dict[str, Any]:
+        """Prompt tokens sent by this run (its forks included) and how many hit the radix cache."""
+        self.sync()
+        return self._log.cache_hit_info()
+
+    def fork(self, n: int) -> ForkGroup:
+        """``n`` copies of this state that continue independently and concurrently. The shared
+        text is first sent alone (prefill only) so every branch finds it cached."""
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        self.sync()
+        if n > 1 and self._trace.text:
+            prefill(self._trace.text, self.backend, self._log)
+        forks = [ProgramState(self.backend, self._trace.fork(), self._log) for _ in range(n)]
+        self._forks.extend(forks)
+        return ForkGroup(self, forks)
+
+    def join(self, forks: Iterable[ProgramState], mode: str = "gather_variable") -> None:
+        """Bring the forks' results back, in order: each variable they set becomes the list of
+        their values (``gather_variable``), or their new text is appended (``concate_and_append``)."""
+        if mode not in JOIN_MODES:
+            raise ValueError(f"join mode must be one of {JOIN_MODES}, got {mode!r}")
+        forks = list(forks)
+        self._submit(lambda: self._merge(forks, mode))
+
+    def sync(self) -> None:
+        """Wait until everything appended so far (forks included) has run; raise its error."""
+        self._idle.wait()
+        for fork in self._forks:
+            fork.sync()
+        if self._error is not None:
+            raise self._error
+
+    def _merge(self, forks: list[ProgramState], mode: str) -> None:
+        for fork in forks:
+            fork.sync()
+        if mode == "concate_and_append":
+            self._trace.text += "".join(f._trace.text[f._trace.fork_offset:] for f in forks)
+            return
+        names = dict.fromkeys(name for f in forks for name in f._trace.assigned)
+        for name in names:
+            values = [f._trace.variables.get(name) for f in forks]
+            self._trace.assign(name, values, {"forks": [f._trace.meta_info.get(name) for f in forks]})
+
+    def _submit(self, op: Callable[[], None]) -> None:
+        with self._lock:
+            self._queue.append(op)
+            self._idle.clear()
+            if self._draining:
+                return
+            self._draining = True
+        threading.Thread(target=self._drain, name="radixcluster-lang", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    self._idle.set()
+                    return
+                op = self._queue.popleft()
+            # After a failure the program's text is incomplete: later appends are skipped.
+            if self._error is None:
+                try:
+                    op()
+                except Exception as exc:
+                    self._error = exc
+
+    def __repr__(self) -> str:
+        # No waiting here: a debugger's repr must not block on pending requests.
+        return f"ProgramState({self._trace.text!r})"
+
+
+class ForkGroup(list):
+    """The states of one fork; ``forks += expr`` appends to each, ``forks.join()`` merges back."""
+
+    def __init__(self, parent: ProgramState, forks: list[ProgramState]) -> None:
+        super().__init__(forks)
+        self.parent = parent
+
+    def __iadd__(self, expr: str | Expr) -> ForkGroup:
+        for fork in self:
+            fork += expr
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        self.parent.join(self, mode)

@@ -1,0 +1,149 @@
+"""Programs against a real server: the seed's multi-round chat, fork, select, run_batch, errors."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import requests
+
+import radixcluster.lang as sgl
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 300
+
+
+def metric(server, name: str) -> float:
+    for line in requests.get(f"{server.url}/metrics", timeout=TIMEOUT_S).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+@sgl.function
+def multi_round_chat(s):
+    # The seed's program (shared/seeds/003, section 4.2) with short answers.
+    s += sgl.system("你是一个AI助手，回答要准确简洁。")
+    s += sgl.user("介绍一下Transformer架构")
+    s += sgl.assistant(sgl.gen("answer1", max_tokens=12))
+    s += sgl.user("它和RNN有什么区别？")
+    s += sgl.assistant(sgl.gen("answer2", max_tokens=12))
+    s += sgl.user("能画个结构图吗？")
+    s += sgl.assistant(sgl.gen("answer3", max_tokens=8))
+
+
+def test_multi_round_chat_reuses_each_earlier_round(server, backend, tokenizer):
+    prompt_before, cached_before = metric(server, "radixcluster_prompt_tokens_total"), metric(server, "radixcluster_cached_tokens_total")
+    state = multi_round_chat.run(backend=backend)
+    metas = [state.get_meta_info(f"answer{i}") for i in (1, 2, 3)]
+    assert all(state[f"answer{i}"] for i in (1, 2, 3))
+    for earlier, later in zip(metas, metas[1:]):
+        assert later["cached_tokens"] >= 0.9 * (earlier["prompt_tokens"] + earlier["completion_tokens"])
+    info = state.get_cache_hit_info()
+    assert info["total_tokens"] == sum(m["prompt_tokens"] for m in metas)
+    assert info["cached_tokens"] == sum(m["cached_tokens"] for m in metas)
+    assert info["hit_rate"] == info["cached_tokens"] / info["total_tokens"]
+    assert metric(server, "radixcluster_prompt_tokens_total") - prompt_before == info["total_tokens"]
+    assert metric(server, "radixcluster_cached_tokens_total") - cached_before == info["cached_tokens"]
+    # The prompt the server saw is the model's own chat template applied to the conversation.
+    assert state.text() == tokenizer.apply_chat_template(state.messages(), add_generation_prompt=False)
+
+
+@sgl.function
+def branches(s, context, n):
+    s += context
+    forks = s.fork(n)
+    for i, f in enumerate(forks):
+        f += f"\nIdea {i + 1}:" + sgl.gen("idea", max_tokens=4, temperature=0)
+    forks.join()
+
+
+def test_fork_branches_all_hit_the_shared_prefix(backend, tokenizer):
+    context = "".join(f"A shared context for forked branches, sentence number {i}. " for i in range(40)) + "Tag: fork."
+    prefix_tokens = len(tokenizer.encode(context, add_special_tokens=False))
+    state = branches.run(context, 4, backend=backend)
+    ideas = state["idea"]
+    assert len(ideas) == 4
+    for meta in state.get_meta_info("idea")["forks"]:
+        assert meta["cached_tokens"] >= prefix_tokens - 2
+
+
+@sgl.function
+def yes_no(s, question):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.select("answer", choices=["Yes", "No", "Maybe not"]))
+
+
+def _normalized_logprob(server, tokenizer, prefix: str, choice: str) -> float:
+    """Mean logprob of the choice's tokens, each text scored alone from position 0."""
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    full_ids = tokenizer.encode(prefix + choice, add_special_tokens=False)
+    split = next(i for i, (a, b) in enumerate(zip([*prefix_ids, None], full_ids)) if a != b)
+    body = {"text": prefix + choice, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0}
+    entries = requests.post(f"{server.url}/generate", json=body, timeout=TIMEOUT_S).json()["meta_info"]["input_token_logprobs"]
+    assert [entry[1] for entry in entries] == full_ids
+    values = [entry[0] for entry in entries[split:]]
+    return sum(values) / len(values)
+
+
+def test_select_picks_the_highest_normalized_logprob(server, backend, tokenizer):
+    state = yes_no.run("Is the sky blue? Answer yes or no.", backend=backend)
+    meta = state.get_meta_info("answer")
+    prefix = state.text()[: -len(state["answer"]) - len("<|im_end|>\n")]
+    expected = [_normalized_logprob(server, tokenizer, prefix, choice) for choice in meta["choices"]]
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(expected, abs=1e-3)
+    assert state["answer"] == meta["choices"][max(range(len(expected)), key=expected.__getitem__)]
+    assert state.messages()[-1] == {"role": "assistant", "content": state["answer"]}
+
+
+@sgl.function
+def arithmetic(s, a, b):
+    s += f"Question: what is {a} plus {b}?\nAnswer:" + sgl.gen("answer", max_tokens=4, temperature=0)
+
+
+def test_run_batch_returns_states_in_input_order(backend):
+    batch = [{"a": i, "b": 10 * i} for i in range(6)]
+    states = arithmetic.run_batch(batch, backend=backend, num_threads=3)
+    assert len(states) == len(batch)
+    for kwargs, state in zip(batch, states):
+        assert state.text() == f"Question: what is {kwargs['a']} plus {kwargs['b']}?\nAnswer:{state['answer']}"
+        assert state.get_meta_info("answer")["completion_tokens"] >= 1
+
+
+def test_server_error_surfaces_with_its_message(backend):
+    @sgl.function
+    def bad(s):
+        s += "Hello" + sgl.gen("x", max_tokens=2, top_k=0)
+
+    with pytest.raises(sgl.ServerError, match="top_k") as caught:
+        bad.run(backend=backend)
+    assert caught.value.status == 400
+
+
+def test_reading_a_missing_variable_names_the_known_ones(backend):
+    @sgl.function
+    def one(s):
+        s += "Count: 1, 2," + sgl.gen("next", max_tokens=2, temperature=0)
+
+    state = one.run(backend=backend)
+    with pytest.raises(KeyError, match="next"):
+        state["nxt"]
+
+
+def test_json_schema_gen_follows_the_schema(backend):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+
+    @sgl.function
+    def extract(s):
+        s += sgl.user("Alice is 31 years old. Give her name and age as JSON.")
+        s += sgl.assistant(sgl.gen("person", max_tokens=32, temperature=0, json_schema=schema))
+
+    state = extract.run(backend=backend)
+    jsonschema.validate(json.loads(state["person"]), schema)
