@@ -1,0 +1,191 @@
+"""The Llama family (Llama 2/3, Mistral, SmolLM, Qwen2 with its QKV bias) over a paged KV
+cache, tensor parallel; module names follow transformers' so checkpoint names map directly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from radixcluster.kernels.activation import silu_and_mul
+from radixcluster.kernels.attention import AttentionMetadata, paged_attention, store_kv
+from radixcluster.kernels.norm import add_rms_norm, rms_norm
+from radixcluster.kernels.rotary import apply_rotary, rope_cos_sin, rope_inv_freq
+from radixcluster.model_config import ModelConfig
+from radixcluster.worker.kv_pool import KVPool
+from radixcluster.worker.parallel import TPGroup
+from radixcluster.worker.tp_layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    default_weight_loader,
+)
+
+# checkpoint projection -> (our merged module, its shard)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalised input and the new residual stream (``x`` itself when none is given)."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps), x
+        return add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, config.head_dim, config.num_heads, config.num_kv_heads, config.qkv_bias, tp
+        )
+        self.num_heads, self.num_kv_heads = (n // config.head_dim for n in self.qkv_proj.local_sizes[:2])
+        self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size, tp)
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens, d = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)
+        q = apply_rotary(q.view(tokens, self.num_heads, d), cos, sin)
+        k = apply_rotary(k.view(tokens, self.num_kv_heads, d), cos, sin)
+        store_kv(k_cache, v_cache, meta.slot_mapping, k, v.view(tokens, self.num_kv_heads, d))
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.view(tokens, self.num_heads * d))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        width = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width, width], False, tp)
+        self.down_proj = RowParallelLinear(width, config.hidden_size, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, tp)
+        self.mlp = LlamaMLP(config, tp)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, meta, k_cache, v_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, tp) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # a plain attribute, not a buffer: it stays float32 when the model is cast
+        self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Create it under ``torch.device(...)``, cast with ``.to(dtype)``, then ``load_weights``."""
+
+    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, tp)
+        tied = self.model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_pool: KVPool,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """Run the new tokens (``[T]`` ids and positions) through every layer, writing their
+        K/V into ``kv_pool``; return the logits ``[len(logit_rows), vocab]`` of the chosen
+        token rows on rank 0, None on other ranks."""
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, m.inv_freq, x.dtype)
+        residual = None
+        for layer, k_cache, v_cache in zip(m.layers, kv_pool.k, kv_pool.v):
+            x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        # only the rows whose logits are wanted need the final norm and the LM head
+        x, _ = m.norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows))
+        return self.lm_head(x)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full checkpoint tensors (transformers' names), each cut to this rank's shard
+        by its parameter's loader; every parameter must be loaded exactly by the end."""
+        params = dict(self.named_parameters())
+        missing = {source for name in params for source in _checkpoint_names(name)}
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            target, shard = _parameter_name(name)
+            param = params.get(target)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} has no parameter here")
+            if shard is None:
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
+            missing.discard(name)
+        if missing:
+            raise ValueError(f"checkpoint lacks {sorted(missing)[:5]} ({len(missing)} parameters)")
+
+
+def _parameter_name(name: str) -> tuple[str, int | None]:
+    """Our parameter for a checkpoint tensor, and its shard when projections are merged."""
+    module, _, kind = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    if leaf in PACKED_MODULES:
+        merged, shard = PACKED_MODULES[leaf]
+        return f"{parent}.{merged}.{kind}", shard
+    return name, None
+
+
+def _checkpoint_names(param_name: str) -> list[str]:
+    """The checkpoint tensors that fill one of our parameters."""
+    module, _, kind = param_name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    sources = [source for source, (merged, _) in PACKED_MODULES.items() if merged == leaf]
+    return [f"{parent}.{source}.{kind}" for source in sources] or [param_name]

@@ -1,0 +1,155 @@
+"""One rank's model step: mirror the page tables, run the forward pass over the paged KV
+cache, and (on rank 0) sample the next tokens into a ``StepResult``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from radixcluster.kernels.attention import build_attention_metadata
+from radixcluster.model_config import load_model_config
+from radixcluster.protocol import ForwardBatch, StepResult
+from radixcluster.worker.kv_pool import KVPool
+from radixcluster.worker.llama import LlamaForCausalLM
+from radixcluster.worker.parallel import TPGroup
+from radixcluster.worker.sampler import sample
+from radixcluster.worker.weights import iter_weights
+
+
+@dataclass(slots=True, kw_only=True)
+class RunnerConfig:
+    """What one rank runs: the model, its place in the TP group, and the KV pool's size.
+    ``dtype`` None means float32 on CPU, bfloat16 on CUDA."""
+
+    model_path: Path
+    tp_rank: int = 0
+    tp_size: int = 1
+    num_pages: int
+    page_size: int
+    max_slots: int
+    max_context_len: int
+    dtype: torch.dtype | None = None
+    device: str = "cpu"
+
+
+@dataclass(slots=True)
+class _Logits:
+    last: torch.Tensor  # float32 [B, V]: at each request's last new token
+    prompt: torch.Tensor  # float32 [P, V]: at the prompt positions whose logprob is asked
+    prompt_targets: torch.Tensor  # int64 [P]: the prompt token each of those predicts
+
+
+class ModelRunner:
+    """Holds this rank's model shard and KV pool. With ``tp_size > 1`` the caller has
+    initialised the default process group (``init_tensor_parallel``), and every rank calls
+    ``forward``/``step`` with the same batch."""
+
+    def __init__(self, config: RunnerConfig, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """``weights``: full checkpoint tensors by transformers name; None reads
+        ``config.model_path`` with ``iter_weights``."""
+        self.config = config
+        self.model_config = load_model_config(config.model_path)
+        self.device = torch.device(config.device)
+        self.dtype = config.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.tp = TPGroup(config.tp_rank, config.tp_size)
+        with torch.device(self.device):
+            self.model = LlamaForCausalLM(self.model_config, self.tp)
+        self.model.to(self.dtype).eval()
+        with torch.inference_mode():
+            self.model.load_weights(weights if weights is not None else iter_weights(config.model_path, self.model_config))
+        attn = self.model.model.layers[0].self_attn
+        self.kv_pool = KVPool(
+            num_layers=self.model_config.num_layers,
+            num_pages=config.num_pages,
+            page_size=config.page_size,
+            num_kv_heads=attn.num_kv_heads,
+            head_dim=self.model_config.head_dim,
+            max_slots=config.max_slots,
+            max_pages_per_request=-(-config.max_context_len // config.page_size),
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """Apply the batch's page-table deltas and run it; the float32 logits ``[B, V]`` of
+        each request's last new token on rank 0, None on other ranks."""
+        logits = self._run(batch)
+        return None if logits is None else logits.last
+
+    @torch.inference_mode()
+    def step(self, batch: ForwardBatch) -> StepResult | None:
+        """``forward``, then sampling on rank 0 (None on other ranks). With
+        ``batch.logprob_starts``, ``input_logprobs`` holds, request after request, the
+        logprob of the next prompt token at each new position from the request's start
+        on, its last new token excepted."""
+        logits = self._run(batch)
+        if logits is None:
+            return None
+        positions = _tensor(batch.prefix_lens.astype(np.int64) + batch.extend_lens, torch.int64, self.device)
+        mask = None if batch.vocab_mask is None else _tensor(batch.vocab_mask, torch.int32, self.device)
+        out = sample(logits.last, batch.sampling, positions, mask)
+        input_logprobs = None
+        if batch.logprob_starts is not None:
+            picked = torch.log_softmax(logits.prompt, dim=-1).gather(1, logits.prompt_targets[:, None])
+            input_logprobs = _numpy(picked[:, 0], np.float32)
+        return StepResult(
+            step_id=batch.step_id,
+            next_token_ids=_numpy(out.next_token_ids, np.int32),
+            logprobs=_numpy(out.logprobs, np.float32),
+            top_logprob_ids=_numpy(out.top_logprob_ids, np.int32),
+            top_logprob_values=_numpy(out.top_logprob_values, np.float32),
+            input_logprobs=input_logprobs,
+        )
+
+    def _run(self, batch: ForwardBatch) -> _Logits | None:
+        self.kv_pool.apply_deltas(batch)
+        meta = build_attention_metadata(
+            self.kv_pool.rows(batch.slots),
+            torch.tensor(batch.prefix_lens),
+            torch.tensor(batch.extend_lens),
+            self.config.page_size,
+            self.device,
+        )
+        last_rows = np.cumsum(batch.extend_lens, dtype=np.int64) - 1
+        prompt_rows = _prompt_rows(batch.extend_lens, batch.logprob_starts)
+        input_ids = _tensor(batch.input_ids, torch.int64, self.device)
+        logits = self.model(
+            input_ids,
+            _tensor(batch.positions, torch.int64, self.device),
+            meta,
+            self.kv_pool,
+            _tensor(np.concatenate([last_rows, prompt_rows]), torch.int64, self.device),
+        )
+        if logits is None:
+            return None
+        logits = logits.float()
+        num_requests = len(last_rows)
+        return _Logits(logits[:num_requests], logits[num_requests:], input_ids[_tensor(prompt_rows + 1, torch.int64, self.device)])
+
+
+def _prompt_rows(extend_lens: np.ndarray, logprob_starts: np.ndarray | None) -> np.ndarray:
+    """Token rows whose next prompt token's logprob is asked: per request, its new tokens
+    from its logprob start up to, not including, its last."""
+    if logprob_starts is None:
+        return np.zeros(0, dtype=np.int64)
+    q_starts = np.cumsum(extend_lens, dtype=np.int64) - extend_lens
+    spans = [
+        np.arange(q + start, q + length - 1, dtype=np.int64)
+        for q, start, length in zip(q_starts.tolist(), logprob_starts.tolist(), extend_lens.tolist())
+        if start >= 0
+    ]
+    return np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+
+
+def _tensor(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # a copy: arrays decoded from a frame are read-only views of it
+    return torch.tensor(array, dtype=dtype, device=device)
+
+
+def _numpy(x: torch.Tensor | None, dtype: type) -> np.ndarray | None:
+    return None if x is None else x.cpu().numpy().astype(dtype)
