@@ -1,5 +1,5 @@
 """Packs scheduled requests into a protocol.ForwardBatch: tokens, positions, page-table
-deltas (only what the worker has not seen) and the SamplingBatch."""
+deltas (only what the worker has not seen), the SamplingBatch and the grammar mask."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radixcluster.protocol import ForwardBatch, SamplingBatch
+from radixcluster.router.grammar import build_vocab_mask
 from radixcluster.router.request import Request
 
 
@@ -52,7 +53,7 @@ def build_forward(
         table_counts=np.array(t_counts, dtype=np.int32),
         table_pages=np.array(t_pages, dtype=np.int32),
         sampling=build_sampling(reqs),
-        vocab_mask=None,
+        vocab_mask=build_vocab_mask(reqs, prefix_lens, extend_lens),
         logprob_starts=None if logprob_starts is None else np.array(logprob_starts, dtype=np.int32),
     )
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from radixcluster.protocol import SamplingParams
+
+if TYPE_CHECKING:
+    from radixcluster.router.grammar import RequestGrammar
 
 
 class ReqState(enum.Enum):
@@ -32,6 +35,8 @@ class Request:
     top_logprobs_num: int = 0
     # first prompt position whose logprob is wanted; -1: none
     logprob_start_len: int = -1
+    # regex / json_schema / ebnf matcher; None: unconstrained
+    grammar: RequestGrammar | None = None
 
     state: ReqState = field(default=ReqState.WAITING, init=False)
     output_ids: list[int] = field(default_factory=list, init=False)

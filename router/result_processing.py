@@ -10,7 +10,8 @@ from radixcluster.router.request import Request
 
 
 def apply_token(req: Request, token: int, i: int, result: StepResult, max_context_len: int) -> dict[str, Any] | None:
-    """Append request ``i``'s sampled token (and its logprobs); return its finish reason."""
+    """Append request ``i``'s sampled token (and its logprobs), advance its grammar; return
+    its finish reason (a grammar that ended is a stop, whatever ignore_eos or min_new_tokens say)."""
     req.output_ids.append(token)
     if req.return_logprob and result.logprobs is not None:
         top: list[list[Any]] = []
@@ -20,14 +21,18 @@ def apply_token(req: Request, token: int, i: int, result: StepResult, max_contex
             values = result.top_logprob_values[i, :k].tolist()
             top = [[v, t] for v, t in zip(values, ids)]
         req.output_logprobs.append([float(result.logprobs[i]), token, top])
-    return req.check_finish(max_context_len)
+    ended = None if req.grammar is None else req.grammar.accept(token)
+    return ended or req.check_finish(max_context_len)
 
 
 def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
-    """Store the prompt logprobs of a prefill step; the worker returns, request after request,
-    one value per new token from that request's ``logprob_starts`` entry on (the logprob of
-    the token after it). ``req.input_logprobs[i]`` scores prompt token
-    ``logprob_start_len + 1 + i``; the list is complete once the prefill is."""
+    """Store the prompt logprobs of a prefill step. The worker returns, request after request,
+    one value per new token from that request's ``logprob_starts`` entry on, its last new
+    token excepted (the logprob of the token after it). ``req.input_logprobs[i]`` scores
+    prompt token ``logprob_start_len + 1 + i``; the list is complete once the prefill is.
+
+    The token after a chunk's last position lies in the next chunk, which the worker has not
+    seen: it gets None, so later values keep their places."""
     fwd = batch.forward
     if fwd.logprob_starts is None or result.input_logprobs is None:
         return
@@ -38,11 +43,13 @@ def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
     ):
         if start < 0:
             continue
-        n = extend - start
-        first = prefix + start
+        n = max(0, extend - 1 - start)
+        first, end = prefix + start, prefix + extend
         # keep positions whose next token is a prompt token: value i scores prompt token first + i + 1
         keep = max(0, min(n, req.prompt_len - 1 - first))
         if not req.finished:
             req.input_logprobs.extend(values[offset : offset + keep].tolist())
-            req.input_logprob_next = min(prefix + extend, req.prompt_len)
+            if end < req.prompt_len:
+                req.input_logprobs.append(None)
+            req.input_logprob_next = min(end, req.prompt_len)
         offset += n

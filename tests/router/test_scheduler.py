@@ -315,7 +315,7 @@ def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
     fwd = batch.forward
     assert fwd.prefix_lens.tolist() == [10] and fwd.logprob_starts.tolist() == [0]
     result = ex(fwd)
-    result.input_logprobs = np.arange(20, dtype=np.float32)
+    result.input_logprobs = np.arange(19, dtype=np.float32)  # the worker scores 20 new tokens but the last
     result.logprobs = np.array([-0.5], dtype=np.float32)
     result.top_logprob_ids = np.array([[4, 5]], dtype=np.int32)
     result.top_logprob_values = np.array([[-0.1, -0.2]], dtype=np.float32)
@@ -323,6 +323,37 @@ def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
     assert r.input_logprobs == list(range(19)) and r.cached_tokens == 10  # the last scores an output
     assert r.output_logprobs[0][:2] == [-0.5, r.output_ids[0]]
     assert r.output_logprobs[0][2] == [[pytest.approx(-0.1), 4], [pytest.approx(-0.2), 5]]
+
+
+def test_prompt_logprobs_of_a_batch_stay_with_their_requests() -> None:
+    """The worker returns extend - 1 - start values per request; a second request's values
+    must not shift (a regression: they were read as extend - start per request)."""
+    s, ex = make()
+    a = Request("a", rand(8, 31), SamplingParams(max_new_tokens=0), return_logprob=True, logprob_start_len=2)
+    b = Request("b", rand(12, 32), SamplingParams(max_new_tokens=0), return_logprob=True, logprob_start_len=3)
+    s.add_request(a)
+    s.add_request(b)
+    batch = s.schedule()
+    fwd = batch.forward
+    assert fwd.logprob_starts.tolist() == [2, 3]
+    result = ex(fwd)
+    result.input_logprobs = np.array([10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 25, 26, 27], dtype=np.float32)
+    s.process_result(batch, result)
+    assert a.input_logprobs == [10, 11, 12, 13, 14]  # tokens 3..7
+    assert b.input_logprobs == [20, 21, 22, 23, 24, 25, 26, 27]  # tokens 4..11
+
+
+def test_prompt_logprobs_across_chunks_keep_their_places() -> None:
+    s, ex = make(chunk=8)
+    r = Request("c", rand(12, 33), SamplingParams(max_new_tokens=0), return_logprob=True, logprob_start_len=0)
+    s.add_request(r)
+    for expected in (7, 3):
+        batch = s.schedule()
+        result = ex(batch.forward)
+        result.input_logprobs = np.full(expected, -1.0, dtype=np.float32)
+        s.process_result(batch, result)
+    # tokens 1..11: 7 scored in chunk one, token 8 unseen by the worker (None), 3 in chunk two
+    assert r.input_logprobs == [-1.0] * 7 + [None] + [-1.0] * 3
 
 
 def test_a_worker_error_aborts_the_batch_and_a_stale_result_is_refused() -> None:

@@ -1,0 +1,124 @@
+"""Constrained decoding against a real `radixcluster up`: sampled generations under a JSON
+schema, regexes and an EBNF grammar all conform; the OpenAI SDK's response_format works; a bad
+grammar is a 400 that says what is wrong, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+import requests
+from api_helpers import assert_error, generate, post
+
+pytestmark = pytest.mark.slow
+
+# short strings and a short array: every document fits well inside max_new_tokens
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 10},
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "role": {"enum": ["admin", "editor", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 2},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "age", "role", "tags", "address"],
+}
+PROMPT = "Here is one user record of our web shop, as JSON:\n"
+REGEXES = {
+    "phone": r"\(\d{3}\) \d{3}-\d{4}",
+    "date": r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",
+    "word": r"(apple|banana|cherry)( and (apple|banana|cherry))?",
+}
+
+
+def sampled_batch(server, text: str, count: int, max_new_tokens: int, **grammar) -> list[dict]:
+    """``count`` generations of ``text`` at temperature 0.9, each with its own seed, in one request."""
+    params = [{"temperature": 0.9, "seed": seed, "max_new_tokens": max_new_tokens, **grammar} for seed in range(count)]
+    # the whole batch answers at once: on a loaded CPU that takes minutes
+    resp = requests.post(server.url + "/generate", json={"text": [text] * count, "sampling_params": params}, headers=server.headers(), timeout=900)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_fifty_sampled_generations_follow_the_json_schema(server):
+    outs = sampled_batch(server, PROMPT, 50, 128, json_schema=json.dumps(PERSON))
+    texts = [o["text"] for o in outs]
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        jsonschema.validate(json.loads(out["text"]), PERSON)
+    assert len(set(texts)) > 10  # sampled, not one answer 50 times
+
+
+@pytest.mark.parametrize("name", REGEXES)
+def test_regex_outputs_match_in_full(server, name):
+    pattern = REGEXES[name]
+    for out in sampled_batch(server, f"Write a {name}: ", 8, 40, regex=pattern):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        assert re.fullmatch(pattern, out["text"]), out["text"]
+
+
+def test_ebnf_outputs_are_sentences_of_the_grammar(server):
+    grammar = 'root ::= animal " says " sound "."\nanimal ::= "The cat" | "The dog" | "A cow"\nsound ::= "meow" | "woof" | "moo"'
+    for out in sampled_batch(server, "A sentence: ", 8, 30, ebnf=grammar):
+        assert re.fullmatch(r"(The cat|The dog|A cow) says (meow|woof|moo)\.", out["text"]), out["text"]
+
+
+def test_greedy_constrained_streaming_equals_the_whole_answer(server):
+    params = {"temperature": 0, "max_new_tokens": 40, "regex": REGEXES["date"]}
+    whole = generate(server, "The date today is ", sampling_params=params)["text"]
+    resp = post(server, "/generate", {"text": "The date today is ", "sampling_params": params, "stream": True}, stream=True)
+    chunks = [json.loads(line[6:]) for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: {")]
+    assert chunks[-1]["text"] == whole and re.fullmatch(REGEXES["date"], whole)
+
+
+def test_openai_json_object_and_json_schema_response_formats(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "none", timeout=600, max_retries=0)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "Describe a user of a web shop as JSON."}]
+    resp = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=128,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )
+    assert resp.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(resp.choices[0].message.content), PERSON)
+    loose = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=64, temperature=0, response_format={"type": "json_object"}
+    )
+    # an object with any keys may run past max_tokens; what is there is an object's beginning
+    assert loose.choices[0].message.content.startswith("{")
+
+
+BAD_GRAMMARS = {
+    "unclosed regex group": ({"regex": "(ab"}, ["invalid regex", "parenthesis"]),
+    "json_schema not JSON": ({"json_schema": '{"type": "object"'}, ["invalid json_schema", "parse JSON"]),
+    "json_schema of a wrong type": ({"json_schema": '{"type": 5}'}, ["invalid json_schema", "type"]),
+    "json_schema that is a list": ({"json_schema": "[1, 2]"}, ["invalid json_schema", "object"]),
+    "broken ebnf": ({"ebnf": 'root ::= "a'}, ["invalid ebnf", "string literal"]),
+    "ebnf without root": ({"ebnf": 'start ::= "a"'}, ["invalid ebnf", "root"]),
+}
+
+
+@pytest.mark.parametrize("grammar,words", BAD_GRAMMARS.values(), ids=BAD_GRAMMARS.keys())
+def test_a_bad_grammar_is_a_400_that_says_why(server, grammar, words):
+    resp = post(server, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 4, **grammar}})
+    assert_error(resp, 400, *words)
+    assert generate(server, "Hi", max_new_tokens=2)["meta_info"]["completion_tokens"] <= 2
+
+
+def test_a_bad_schema_through_openai_is_a_400(server):
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}}},
+    }
+    assert_error(post(server, "/v1/chat/completions", body), 400, "invalid json_schema", "properties")
