@@ -1,0 +1,41 @@
+"""The `radixcluster` command: `up` serves over HTTP, `generate` runs one prompt offline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from radixcluster.model_path import ModelPathError
+from radixcluster.ray_cluster import RayPlacementError
+from radixcluster.server_args import add_cli_args, server_args_from_namespace
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixcluster", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
+    add_cli_args(up)
+    gen = sub.add_parser("generate", help="generate from one prompt, offline, on this machine")
+    gen.add_argument("prompt")
+    gen.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        if ns.command == "up":
+            from radixcluster.launcher import configure_logging, launch
+
+            configure_logging(ns.log_level)
+            return launch(server_args_from_namespace(ns))
+        from radixcluster.offline import generate
+
+        print(generate(ns.prompt, ns.model_path, ns.max_new_tokens, ns.temperature, chat=not ns.raw))
+        return 0
+    except (ModelPathError, RayPlacementError, ValueError) as exc:
+        print(f"radixcluster: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,298 @@
+"""`radixcluster up`: size the KV pool, start the TP workers (Ray), the router and the api
+processes, supervise them, and tear all of it down on SIGTERM/Ctrl-C or when one dies."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixcluster.model_config import ModelConfig, load_model_config
+from radixcluster.model_path import resolve_model_path, served_model_name
+from radixcluster.process_tree import descendants, kill_survivors
+from radixcluster.server_args import ServerArgs
+
+logger = logging.getLogger("radixcluster")
+
+API_GRACE_S = 30  # in-flight requests get this long to finish after SIGTERM
+STOP_GRACE_S = 15
+SURVIVOR_GRACE_S = 3
+
+
+@dataclass(slots=True)
+class Plan:
+    """What every process needs to agree on, decided once here."""
+
+    model_path: Path
+    model_config: ModelConfig
+    served_model_name: str
+    device: str
+    dtype: str
+    num_pages: int
+    context_length: int
+    runtime_dir: str
+
+    def address(self, name: str) -> str:
+        return f"ipc://{self.runtime_dir}/{name}"
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is visible")
+    return requested
+
+
+def _memory_bytes(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    return (cfg.num_layers * (attn + mlp) + embed) * dtype_bytes
+
+
+def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int) -> int:
+    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of the
+    memory holds after the weights (on CPU all ranks share one RAM)."""
+    if args.max_total_tokens is not None:
+        return args.max_total_tokens // args.page_size
+    fraction = args.mem_fraction_static or (0.85 if device == "cuda" else 0.2)
+    ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
+    budget = fraction * _memory_bytes(device) / ranks_sharing_memory - _weight_bytes(cfg, dtype_bytes) / args.tp_size
+    tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
+    if tokens < args.page_size * 2:
+        raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
+    return tokens // args.page_size
+
+
+def make_plan(args: ServerArgs) -> Plan:
+    path = resolve_model_path(args.model_path)
+    cfg = load_model_config(path)
+    device = _device(args.device)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    context = args.context_length or cfg.max_position_embeddings
+    num_pages = plan_kv_pages(args, cfg, device, 4 if dtype == "float32" else 2)
+    return Plan(
+        model_path=path,
+        model_config=cfg,
+        served_model_name=args.served_model_name or served_model_name(path),
+        device=device,
+        dtype=dtype,
+        num_pages=num_pages,
+        context_length=context,
+        runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
+    )
+
+
+def _start_process(target, *args) -> mp.Process:
+    process = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def _stop_process(process: mp.Process | None, grace_s: float) -> None:
+    if process is None or not process.is_alive():
+        return
+    process.terminate()
+    process.join(grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+class _StopDuringStartup(Exception):
+    """SIGTERM or Ctrl-C arrived while the replica was still starting."""
+
+
+class Launcher:
+    """Owns every process of one replica."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.plan: Plan | None = None
+        self.workers = None
+        self.router: mp.Process | None = None
+        self.api: mp.Process | None = None
+        self.stopping = threading.Event()
+        self.started = False
+
+    def run(self) -> int:
+        self._handle_signals()
+        try:
+            self._start()
+            self.started = True
+            print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+            return self._supervise()
+        except _StopDuringStartup:
+            return 0
+        finally:
+            self._stop()
+
+    def _handle_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_) -> None:
+        self.stopping.set()
+        if not self.started:
+            raise _StopDuringStartup  # interrupts loading wherever it blocks
+
+    def _start(self) -> None:
+        from radixcluster import ray_cluster
+        from radixcluster.router.api_server import ApiConfig, run_api_server
+        from radixcluster.router.router_process import RouterAddresses, run_router
+
+        args = self.args
+        self.plan = plan = make_plan(args)
+        logger.warning(
+            "serving %s on %s (%s), tp %d, radix cache %s, KV pool %d tokens",
+            plan.served_model_name, plan.device, plan.dtype, args.tp_size,
+            "disabled" if args.disable_radix_cache else "enabled", plan.num_pages * args.page_size,
+        )
+        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=os.cpu_count() or 1)
+        self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
+        self.workers = ray_cluster.start_workers(self._worker_configs(), use_gpu=plan.device == "cuda")
+        addresses = RouterAddresses(
+            request=plan.address("router_in"),
+            output=plan.address("router_out"),
+            batch=plan.address("batch"),
+            result=plan.address("result"),
+        )
+        parent, child = mp.get_context("spawn").Pipe()
+        self.router = _start_process(run_router, self._router_config(), addresses, child)
+        self.workers.serve_refs = ray_cluster.load_and_serve(self.workers)
+        if not parent.poll(120) or parent.recv() != "ready":
+            raise RuntimeError("the router process did not come up")
+        self.api = _start_process(
+            run_api_server,
+            ApiConfig(
+                host=args.host,
+                port=args.port,
+                request_address=plan.address("router_in"),
+                output_address=plan.address("router_out"),
+                api_key=args.api_key,
+                served_model_name=plan.served_model_name,
+            ),
+        )
+        self._wait_api_ready()
+
+    def _worker_configs(self) -> list:
+        from radixcluster.worker.model_runner import RunnerConfig
+        from radixcluster.worker.worker_process import WorkerConfig
+
+        args, plan = self.args, self.plan
+        import torch
+
+        dtype = getattr(torch, plan.dtype)
+        threads = max(1, (os.cpu_count() or 1) // args.tp_size)
+        return [
+            WorkerConfig(
+                runner=RunnerConfig(
+                    model_path=plan.model_path,
+                    tp_rank=rank,
+                    tp_size=args.tp_size,
+                    num_pages=plan.num_pages,
+                    page_size=args.page_size,
+                    max_slots=args.max_running_requests,
+                    max_context_len=plan.context_length,
+                    dtype=dtype,
+                    device=plan.device,
+                ),
+                batch_address=plan.address("batch"),
+                result_address=plan.address("result"),
+                num_threads=threads,
+            )
+            for rank in range(args.tp_size)
+        ]
+
+    def _router_config(self):
+        from radixcluster.router.router_process import RouterConfig
+
+        args, plan = self.args, self.plan
+        return RouterConfig(
+            model_path=plan.model_path,
+            served_model_name=plan.served_model_name,
+            num_pages=plan.num_pages,
+            page_size=args.page_size,
+            context_length=plan.context_length,
+            max_running_requests=args.max_running_requests,
+            chunked_prefill_size=args.chunked_prefill_size,
+            schedule_policy=args.schedule_policy,
+            eviction_policy=args.radix_eviction_policy,
+            enable_radix_cache=not args.disable_radix_cache,
+            tp_size=args.tp_size,
+            device=plan.device,
+            dtype=plan.dtype,
+            log_level=args.log_level,
+        )
+
+    def _wait_api_ready(self) -> None:
+        import httpx
+
+        url = f"http://{'127.0.0.1' if self.args.host in ('0.0.0.0', '::') else self.args.host}:{self.args.port}/health"
+        while not self.stopping.is_set():
+            if not self.api.is_alive():
+                raise RuntimeError(f"the api process exited (is port {self.args.port} free?)")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+
+    def _supervise(self) -> int:
+        import ray
+
+        while not self.stopping.wait(0.5):
+            for name, process in (("router", self.router), ("api", self.api)):
+                if not process.is_alive():
+                    logger.error("the %s process exited (code %s); shutting down", name, process.exitcode)
+                    return 1
+            done, _ = ray.wait(self.workers.serve_refs, timeout=0)
+            if done:
+                logger.error("a TP worker stopped; shutting down")
+                return 1
+        return 0
+
+    def _stop(self) -> None:
+        from radixcluster import ray_cluster
+
+        _stop_process(self.api, API_GRACE_S)
+        _stop_process(self.router, STOP_GRACE_S)
+        started = descendants(os.getpid())
+        ray_cluster.stop_workers(self.workers)
+        # Ray's per-node agents can outlive ray.shutdown() when it ran mid-start: no process
+        # this command started may stay behind.
+        kill_survivors(started, SURVIVOR_GRACE_S)
+        if self.plan is not None:
+            shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def launch(args: ServerArgs) -> int:
+    return Launcher(args).run()

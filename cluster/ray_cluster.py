@@ -1,0 +1,114 @@
+"""Ray's part: start a quiet local instance (or join one), place one TP group on one node, start
+and watch the rank actors. Per-step traffic never goes through Ray."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 60
+
+
+class RayPlacementError(RuntimeError):
+    """The Ray cluster cannot host this TP group."""
+
+
+@dataclass(slots=True)
+class RayWorkers:
+    """The started rank actors and what must be torn down with them."""
+
+    actors: list[Any]
+    placement_group: Any
+    serve_refs: list[Any] = field(default_factory=list)
+
+
+def quiet_ray_env() -> None:
+    """No usage stats, no token file in the user's home for a local, loopback-only instance."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def start_ray(address: str | None, temp_dir: str, num_cpus: int) -> None:
+    """Join ``address`` or start a private local instance (stopped by ``stop_workers``)."""
+    import ray
+
+    quiet_ray_env()
+    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    if address:
+        ray.init(address=address, **common)
+        return
+    # A private temp dir keeps sessions and sockets of two servers on one host apart.
+    ray.init(num_cpus=num_cpus, num_gpus=_num_gpus(), _temp_dir=temp_dir, **common)
+
+
+def _num_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = PLACEMENT_TIMEOUT_S) -> RayWorkers:
+    """One actor per rank, all in one STRICT_PACK placement group on the driver's node.
+
+    On CPU the bundles are fractional so that ``--tp-size 3`` fits two cores.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from radixcluster.worker.worker_process import TPWorker
+
+    tp_size = len(worker_configs)
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01}
+    # The router reaches rank 0 over ipc://, so the group lives on this (the driver's) node.
+    bundle[f"node:{ray.util.get_node_ip_address()}"] = 0.001
+    pg = placement_group([dict(bundle) for _ in range(tp_size)], strategy="STRICT_PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        ray.util.remove_placement_group(pg)
+        raise RayPlacementError(
+            f"Ray cannot place {tp_size} x {bundle} on one node within {timeout_s:.0f}s; "
+            f"cluster resources: {ray.cluster_resources()}"
+        )
+    actor_cls = ray.remote(TPWorker)
+    actors = [
+        actor_cls.options(
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
+            resources={key: value for key, value in bundle.items() if key.startswith("node:")},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+        ).remote(cfg)
+        for i, cfg in enumerate(worker_configs)
+    ]
+    return RayWorkers(actors=actors, placement_group=pg)
+
+
+def load_and_serve(workers: RayWorkers) -> list[Any]:
+    """Load every rank's shard (concurrently: they rendezvous), then start their serving loops.
+
+    Returns the loops' object refs: one finishing means its rank stopped.
+    """
+    import ray
+
+    port = ray.get(workers.actors[0].free_port.remote())
+    ray.get([actor.load.remote(f"tcp://127.0.0.1:{port}") for actor in workers.actors])
+    return [actor.serve.remote() for actor in workers.actors]
+
+
+def stop_workers(workers: RayWorkers | None) -> None:
+    """Kill our actors and placement group, then leave Ray: a local instance this process
+    started stops with it; a joined cluster keeps running."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    if workers is not None:
+        for actor in workers.actors:
+            ray.kill(actor, no_restart=True)
+        ray.util.remove_placement_group(workers.placement_group)
+    ray.shutdown()

@@ -1,0 +1,116 @@
+"""The flags of ``radixcluster up``: one dataclass, its argparse mirror, and the checks between flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+EVICTION_POLICIES = ("lru", "lfu")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Flags users bring from SGLang that name what is already the default here.
+DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
+# Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
+MEANINGLESS_FLAGS = {
+    "--disable-flashinfer": "there is no FlashInfer backend here",
+    "--disable-cuda-graph": "decode runs without CUDA graphs on this build",
+    "--trust-remote-code": "only built-in Llama-family model code runs",
+}
+MEANINGLESS_VALUE_FLAGS = {
+    "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
+    "--attention-backend": "attention runs on the built-in paged kernels",
+}
+
+
+@dataclass(slots=True)
+class ServerArgs:
+    model_path: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    page_size: int = 1
+    chunked_prefill_size: int = 2048
+    max_running_requests: int = 64
+    mem_fraction_static: float | None = None
+    max_total_tokens: int | None = None
+    context_length: int | None = None
+    disable_radix_cache: bool = False
+    schedule_policy: str = "lpm"
+    radix_eviction_policy: str = "lru"
+    dtype: str = "auto"
+    device: str = "auto"
+    api_key: str | None = None
+    ray_address: str | None = None
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        positive = ("port", "tp_size", "page_size", "chunked_prefill_size", "max_running_requests")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ValueError("--max-total-tokens must hold at least one page")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
+        if self.disable_radix_cache and self.schedule_policy != "fcfs":
+            # Prefix-aware policies have nothing to look at without the cache.
+            self.schedule_policy = "fcfs"
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of DESIGN.md §8, plus the SGLang flags users paste."""
+    d = ServerArgs()
+    parser.add_argument("--model-path", "--model", default=d.model_path,
+                        help="a local Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--served-model-name", default=d.served_model_name, help="the name /v1/models reports")
+    parser.add_argument("--host", default=d.host)
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--tp-size", "--tensor-parallel-size", "--tp", type=int, default=d.tp_size,
+                        help="tensor-parallel ranks (one per GPU; CPU processes otherwise)")
+    parser.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    parser.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size,
+                        help="most prompt tokens computed in one step; longer prompts are chunked")
+    parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    parser.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static,
+                        help="fraction of memory (GPU, or RAM on CPU) for weights + KV pool "
+                             "(default 0.85 on GPU, 0.2 on CPU)")
+    parser.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens,
+                        help="cap on the KV pool size in tokens")
+    parser.add_argument("--context-length", type=int, default=d.context_length,
+                        help="longest prompt + output (default: the model's)")
+    parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse (forces fcfs)")
+    parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy)
+    parser.add_argument("--radix-eviction-policy", choices=EVICTION_POLICIES, default=d.radix_eviction_policy)
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype,
+                        help="auto: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    parser.add_argument("--api-key", default=d.api_key, help="require 'Authorization: Bearer KEY' (all but /health)")
+    parser.add_argument("--ray-address", default=d.ray_address,
+                        help="join this Ray cluster instead of starting a local one")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    for flag in DEFAULT_NAMING_FLAGS:
+        parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")
+    for flag, why in MEANINGLESS_FLAGS.items():
+        parser.add_argument(flag, action="store_true", help=f"accepted and ignored: {why}")
+    for flag, why in MEANINGLESS_VALUE_FLAGS.items():
+        parser.add_argument(flag, help=f"accepted and ignored: {why}")
+
+
+def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    """Build ServerArgs, printing one notice per accepted-but-meaningless flag."""
+    if ns.disable_radix_cache and (ns.enable_radix_cache or ns.enable_prefix_caching):
+        raise ValueError("--disable-radix-cache contradicts --enable-radix-cache / --enable-prefix-caching")
+    notices = dict(MEANINGLESS_FLAGS, **MEANINGLESS_VALUE_FLAGS)
+    for flag, why in notices.items():
+        value = getattr(ns, flag.lstrip("-").replace("-", "_"))
+        if value not in (None, False):
+            logger.warning("%s is accepted but has no effect: %s", flag, why)
+    names = {f.name for f in dataclasses.fields(ServerArgs)}
+    return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})

@@ -1,0 +1,112 @@
+"""What each request sends back to the api: incremental text, stop strings, token counts and
+logprobs, as RequestOutput deltas (every step when streaming, once at the end otherwise)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixcluster.protocol import GenerateRequest, RequestOutput
+from radixcluster.router.detokenizer import IncrementalDetokenizer, StopChecker
+from radixcluster.router.request import Request
+from radixcluster.router.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class _Stream:
+    request: Request
+    stream: bool
+    detok: IncrementalDetokenizer
+    stops: StopChecker
+    sent_ids: int = 0
+    sent_logprobs: int = 0
+    sent_input_logprobs: bool = False
+    # a non-streaming request's deltas, held until it finishes
+    held: RequestOutput | None = None
+
+
+@dataclass(slots=True)
+class OutputStreams:
+    tokenizer: Tokenizer
+    generated_tokens_total: int = 0
+    _streams: dict[str, _Stream] = field(default_factory=dict)
+
+    def open(self, msg: GenerateRequest, request: Request) -> None:
+        s = msg.sampling
+        self._streams[msg.rid] = _Stream(
+            request=request,
+            stream=msg.stream,
+            detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens, s.spaces_between_special_tokens),
+            stops=StopChecker(s.stop, s.no_stop_trim),
+        )
+
+    def close(self, rid: str) -> None:
+        self._streams.pop(rid, None)
+
+    def rids(self) -> list[str]:
+        return list(self._streams)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._streams
+
+    def abort(self, rid: str, message: str, status: int = 200) -> RequestOutput:
+        """The last output of a request ended from outside (client gone, shutdown, worker error)."""
+        stream = self._streams.pop(rid)
+        out = self._delta(stream, "")
+        out.finished = True
+        out.finish_reason = {"type": "abort", "message": message}
+        if status != 200:
+            out.error, out.status = message, status
+        return out
+
+    def collect(self, updated: list[Request], scheduler: Any) -> list[RequestOutput]:
+        """Outputs for the requests a step advanced; applies stop strings through
+        ``scheduler.finish_request``."""
+        outputs = []
+        for req in updated:
+            stream = self._streams.get(req.rid)
+            if stream is None:
+                continue
+            text, stopped = stream.stops.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
+            if stopped and not req.finished:
+                scheduler.finish_request(req.rid, {"type": "stop", "matched": stream.stops.matched})
+            if req.finished and not stopped:
+                tail, _ = stream.stops.feed(stream.detok.flush())
+                text += tail + stream.stops.flush()
+            out = self._delta(stream, text)
+            if req.finished:
+                del self._streams[req.rid]
+                out.finished, out.finish_reason = True, req.finish_reason
+            if stream.stream or out.finished:
+                outputs.append(out)
+        return outputs
+
+    def _delta(self, stream: _Stream, text: str) -> RequestOutput:
+        """What is new since the last output, merged into what a non-streaming request holds."""
+        req = stream.request
+        new_ids = req.output_ids[stream.sent_ids :]
+        self.generated_tokens_total += len(new_ids)
+        out = stream.held or RequestOutput(rid=req.rid)
+        out.text += text
+        out.output_ids.extend(new_ids)
+        out.output_logprobs.extend(req.output_logprobs[stream.sent_logprobs :])
+        prefill_done = bool(req.output_ids) or req.finished
+        if req.logprob_start_len >= 0 and prefill_done and not stream.sent_input_logprobs:
+            out.input_logprobs = _input_logprobs(req)
+            stream.sent_input_logprobs = True
+        out.prompt_tokens = req.prompt_len
+        out.completion_tokens = len(req.output_ids)
+        out.cached_tokens = req.cached_tokens
+        stream.sent_ids = len(req.output_ids)
+        stream.sent_logprobs = len(req.output_logprobs)
+        stream.held = None if stream.stream else out
+        return out
+
+
+def _input_logprobs(req: Request) -> list[list[Any]]:
+    """SGLang's shape: [logprob, token id] per prompt token from logprob_start_len on; the first
+    has no logprob (nothing before it was scored)."""
+    start = req.logprob_start_len
+    ids = req.prompt_ids.tolist()
+    scored = [[lp, ids[start + 1 + i]] for i, lp in enumerate(req.input_logprobs)]
+    return [[None, ids[start]], *scored]

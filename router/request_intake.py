@@ -1,0 +1,75 @@
+"""Turn an api GenerateRequest into a scheduler Request: render the chat, tokenize, compile its
+grammar, and reject what cannot run (with a message that says why; the api answers it as a 400)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixcluster.protocol import GenerateRequest
+from radixcluster.router.grammar import GrammarCache, GrammarError
+from radixcluster.router.request import Request
+from radixcluster.router.tokenizer import Tokenizer
+
+
+class RequestRejected(ValueError):
+    """The client's request cannot run; the message is for the client."""
+
+
+class RequestIntake:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.grammars = GrammarCache(tokenizer, vocab_size)
+
+    def prompt_ids(self, msg: GenerateRequest) -> np.ndarray:
+        """The prompt's token ids; a chat is rendered with the model's template first."""
+        if msg.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(msg.messages, add_generation_prompt=True)
+            except ValueError as exc:
+                raise RequestRejected(f"invalid chat messages: {exc}") from exc
+            # the rendered template carries its own special tokens
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
+        if msg.text is not None:
+            return np.asarray(self.tokenizer.encode(msg.text), dtype=np.int64)
+        if msg.input_ids is not None:
+            return np.asarray(msg.input_ids, dtype=np.int64)
+        raise RequestRejected("one of text, input_ids or messages is required")
+
+    def make_request(self, msg: GenerateRequest) -> Request:
+        ids = self.prompt_ids(msg).reshape(-1)
+        if ids.size == 0:
+            raise RequestRejected("the prompt is empty: at least one token is needed")
+        self._check_ids(ids, "input_ids")
+        if ids.size >= self.context_length:
+            raise RequestRejected(
+                f"the prompt has {ids.size} tokens; this model's context length is {self.context_length} "
+                f"(prompt + output must fit)"
+            )
+        sampling = msg.sampling
+        if sampling.stop_token_ids:
+            self._check_ids(np.asarray(sampling.stop_token_ids, dtype=np.int64), "stop_token_ids")
+        try:
+            # compiled here, before the scheduler sees it: a new spec costs milliseconds, a known one nothing
+            grammar = self.grammars.for_request(sampling)
+        except GrammarError as exc:
+            raise RequestRejected(str(exc)) from exc
+        return Request(
+            rid=msg.rid,
+            prompt_ids=ids.astype(np.int32),
+            sampling=sampling,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+            cache_salt=msg.cache_salt,
+            return_logprob=msg.return_logprob,
+            top_logprobs_num=msg.top_logprobs_num,
+            logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),
+            grammar=grammar,
+        )
+
+    def _check_ids(self, ids: np.ndarray, what: str) -> None:
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.size:
+            raise RequestRejected(
+                f"{what} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
+            )

@@ -1,0 +1,255 @@
+"""The router process: the only holder of request state. It turns api messages into scheduler
+requests, runs one step at a time against rank 0 over ZeroMQ, and streams outputs back."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import zmq
+
+from radixcluster.model_config import load_model_config
+from radixcluster.protocol import (
+    AbortRequest,
+    ControlRequest,
+    ControlResponse,
+    ForwardBatch,
+    GenerateRequest,
+    RequestOutput,
+    Shutdown,
+    StepResult,
+    decode,
+    encode,
+)
+from radixcluster.router.output_streams import OutputStreams
+from radixcluster.router.request_intake import RequestIntake, RequestRejected
+from radixcluster.router.scheduler import Scheduler, SchedulerConfig
+from radixcluster.router.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+Executor = Callable[[ForwardBatch], StepResult]
+
+
+@dataclass(slots=True)
+class RouterAddresses:
+    """ZeroMQ endpoints, all bound by the router."""
+
+    request: str  # the api PUSHes GenerateRequest/AbortRequest/ControlRequest
+    output: str  # the api PULLs RequestOutput/ControlResponse
+    batch: str  # rank 0 PULLs ForwardBatch
+    result: str  # rank 0 PUSHes StepResult
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    model_path: Path
+    served_model_name: str
+    num_pages: int
+    page_size: int
+    context_length: int
+    max_running_requests: int
+    chunked_prefill_size: int
+    schedule_policy: str
+    eviction_policy: str
+    enable_radix_cache: bool
+    tp_size: int
+    device: str
+    dtype: str
+    log_level: str = "warning"
+
+
+class Router:
+    """Request state without sockets: ``submit`` takes api messages, ``step`` runs one batch
+    through an executor (rank 0 over ZeroMQ, or an in-process runner for offline use)."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        model_config = load_model_config(config.model_path)
+        self.tokenizer = load_tokenizer(config.model_path)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_pages=config.num_pages,
+                page_size=config.page_size,
+                max_running_requests=config.max_running_requests,
+                chunked_prefill_size=config.chunked_prefill_size,
+                max_context_len=config.context_length,
+                schedule_policy=config.schedule_policy,
+                enable_radix_cache=config.enable_radix_cache,
+                eviction_policy=config.eviction_policy,
+            )
+        )
+        self.intake = RequestIntake(self.tokenizer, model_config.vocab_size, config.context_length)
+        self.streams = OutputStreams(self.tokenizer)
+        self._step_id = 0
+
+    def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
+        """Handle one api message; returns what must be answered right away."""
+        if isinstance(msg, GenerateRequest):
+            try:
+                request = self.intake.make_request(msg)
+            except RequestRejected as exc:
+                return [RequestOutput(rid=msg.rid, finished=True, error=str(exc), status=400)]
+            self.streams.open(msg, request)
+            self.scheduler.add_request(request)
+            return []
+        if isinstance(msg, AbortRequest):
+            if self.scheduler.abort_request(msg.rid):
+                self.streams.close(msg.rid)
+            return []
+        if isinstance(msg, ControlRequest):
+            return [self._control(msg)]
+        logger.warning("ignoring unexpected message %s", type(msg).__name__)
+        return []
+
+    def idle(self) -> bool:
+        return self.scheduler.is_idle()
+
+    def step(self, execute: Executor) -> list[RequestOutput]:
+        """Schedule and run one batch; returns the outputs it produced (empty when idle)."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        self._step_id += 1
+        batch.forward.step_id = self._step_id
+        result = execute(batch.forward)
+        if result.error is not None:
+            return self._fail_batch(batch, result.error)
+        return self.streams.collect(self.scheduler.process_result(batch, result), self.scheduler)
+
+    def abort_all(self, message: str, status: int = 200) -> list[RequestOutput]:
+        """End every open request (shutdown)."""
+        return self._abort(self.streams.rids(), message, status)
+
+    def _abort(self, rids: list[str], message: str, status: int) -> list[RequestOutput]:
+        for rid in rids:
+            self.scheduler.abort_request(rid, message)
+        return [self.streams.abort(rid, message, status) for rid in rids]
+
+    def _fail_batch(self, batch, error: str) -> list[RequestOutput]:
+        logger.error("step failed on the worker: %s", error)
+        rids = [r.rid for r in batch.requests if r.rid in self.streams]
+        return self._abort(rids, f"internal error in the model worker: {error}", 500)
+
+    def _control(self, msg: ControlRequest) -> ControlResponse:
+        if msg.kind == "flush_cache":
+            ok = self.scheduler.flush_cache()
+            message = "Cache flushed." if ok else "Cache not flushed: requests are running or waiting."
+            return ControlResponse(msg.cid, {"success": ok, "message": message})
+        if msg.kind == "cache_info":
+            return ControlResponse(msg.cid, self.scheduler.cache_info())
+        if msg.kind == "stats":
+            return ControlResponse(msg.cid, self._stats())
+        if msg.kind == "server_info":
+            return ControlResponse(msg.cid, self._server_info())
+        return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
+
+    def _stats(self) -> dict:
+        """The scheduler's counters under the names /metrics renders."""
+        s = self.scheduler.stats()
+        return {
+            "prompt_tokens_total": s["prompt_tokens_total"],
+            "cached_tokens_total": s["cached_tokens_total"],
+            "generation_tokens_total": self.streams.generated_tokens_total,
+            "requests_total": s["total_requests"],
+            "cache_hit_requests_total": s["cache_hits"],
+            "evicted_tokens_total": s["evicted_tokens_total"],
+            "num_running_reqs": s["running_requests"],
+            "num_waiting_reqs": s["waiting_requests"],
+            "token_usage": s["token_usage"],
+            "cached_tokens": s["cached_tokens"],
+            "evictable_tokens": s["evictable_tokens"],
+            "free_pages": s["free_pages"],
+            "total_pages": s["num_pages"],
+            "tree_nodes": s["tree_nodes"],
+        }
+
+    def _server_info(self) -> dict:
+        c = self.config
+        return {
+            "model_path": str(c.model_path),
+            "served_model_name": c.served_model_name,
+            "tp_size": c.tp_size,
+            "page_size": c.page_size,
+            "context_length": c.context_length,
+            "max_total_num_tokens": c.num_pages * c.page_size,
+            "max_running_requests": c.max_running_requests,
+            "chunked_prefill_size": c.chunked_prefill_size,
+            "schedule_policy": self.scheduler.config.schedule_policy,
+            "radix_eviction_policy": c.eviction_policy,
+            "disable_radix_cache": not c.enable_radix_cache,
+            "device": c.device,
+            "dtype": c.dtype,
+            "vocab_size": self.intake.vocab_size,
+        }
+
+
+class RouterSockets:
+    """The four ZeroMQ sockets the router binds, and a remote executor over two of them."""
+
+    def __init__(self, addresses: RouterAddresses) -> None:
+        self.ctx = zmq.Context()
+        self.requests = self._bind(zmq.PULL, addresses.request)
+        self.outputs = self._bind(zmq.PUSH, addresses.output)
+        self.batches = self._bind(zmq.PUSH, addresses.batch)
+        self.results = self._bind(zmq.PULL, addresses.result)
+        self.poller = zmq.Poller()
+        self.poller.register(self.requests, zmq.POLLIN)
+
+    def _bind(self, kind: int, address: str) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.bind(address)
+        return sock
+
+    def execute(self, batch: ForwardBatch) -> StepResult:
+        self.batches.send(encode(batch))
+        result = decode(self.results.recv())
+        if result.step_id != batch.step_id:
+            raise RuntimeError(f"rank 0 answered step {result.step_id}, expected {batch.step_id}")
+        return result
+
+    def send(self, outputs: list) -> None:
+        for out in outputs:
+            self.outputs.send(encode(out))
+
+    def close(self) -> None:
+        self.batches.send(encode(Shutdown()))
+        self.ctx.destroy(linger=1000)
+
+
+def run_router(config: RouterConfig, addresses: RouterAddresses, ready: Connection) -> None:
+    """Entry point of the router process: serve until SIGTERM, then abort what is left."""
+    logging.basicConfig(level=getattr(logging, config.log_level.upper()))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
+    router = Router(config)
+    sockets = RouterSockets(addresses)
+    ready.send("ready")
+    try:
+        while not stopping.is_set():
+            timeout = 100 if router.idle() else 0
+            if sockets.poller.poll(timeout):
+                while True:
+                    try:
+                        frame = sockets.requests.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    sockets.send(router.submit(_decode_or_none(frame)))
+            sockets.send(router.step(sockets.execute))
+        sockets.send(router.abort_all("the server is shutting down"))
+    finally:
+        sockets.close()
+
+
+def _decode_or_none(frame: bytes) -> object:
+    try:
+        return decode(frame)
+    except ValueError as exc:
+        logger.error("dropping a malformed frame from the api: %s", exc)
+        return None

@@ -1,0 +1,57 @@
+"""The flags of `radixcluster up`, including those users paste from SGLang."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
+
+
+def parse(*argv: str) -> ServerArgs:
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    return server_args_from_namespace(parser.parse_args(list(argv)))
+
+
+def test_defaults_match_the_design():
+    args = parse()
+    assert (args.host, args.port, args.tp_size, args.page_size) == ("127.0.0.1", 30000, 1, 1)
+    assert args.model_path is None and args.schedule_policy == "lpm" and not args.disable_radix_cache
+
+
+def test_the_seeds_production_flags_are_accepted(caplog):
+    seed = "--mem-fraction-static 0.8 --chunked-prefill-size 1024 --enable-radix-cache --disable-flashinfer"
+    with caplog.at_level(logging.WARNING):
+        args = parse(*seed.split(), "--max-running-requests", "64", "--log-level", "warning", "--tp-size", "8")
+    assert (args.mem_fraction_static, args.chunked_prefill_size, args.max_running_requests) == (0.8, 1024, 64)
+    assert args.tp_size == 8 and not args.disable_radix_cache
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 1 and "--disable-flashinfer" in notices[0]
+
+
+def test_prefix_caching_alias_and_dynamic_fraction_are_accepted(caplog):
+    with caplog.at_level(logging.WARNING):
+        args = parse("--enable-prefix-caching", "--mem-fraction-dynamic", "0.1")
+    assert not args.disable_radix_cache
+    assert any("--mem-fraction-dynamic" in r.getMessage() for r in caplog.records)
+
+
+def test_disabling_the_cache_forces_fcfs():
+    assert parse("--disable-radix-cache", "--schedule-policy", "lpm").schedule_policy == "fcfs"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--tp-size", "0"], "--tp-size"),
+        (["--mem-fraction-static", "1.5"], "--mem-fraction-static"),
+        (["--page-size", "0"], "--page-size"),
+        (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
+    ],
+)
+def test_bad_values_say_what_is_wrong(argv, words):
+    with pytest.raises(ValueError, match=words):
+        parse(*argv)

@@ -1,0 +1,143 @@
+"""The serving cluster end to end: outputs equal transformers', with the radix cache off and
+across 3 tensor-parallel ranks; concurrency; prefix reuse; shutdown leaves nothing behind."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+import torch
+
+from api_helpers import generate, get, post, sse_events
+from conftest import free_port, launch_server, radixcluster_command
+from radixcluster.process_tree import descendants, is_running
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "你是一个资深Python工程师，请回答以下问题：\n\n如何实现一个LRU缓存？",
+    "The three primary colors are",
+    "Water boils at",
+    "1, 2, 3, 4, 5,",
+    "<|im_start|>user\nWhat is a radix tree?<|im_end|>\n<|im_start|>assistant\n",
+]
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def reference(hf_tokenizer, hf_model) -> list[list[int]]:
+    """transformers' greedy continuations of PROMPTS, tokenized by transformers."""
+    outputs = []
+    for prompt in PROMPTS:
+        ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            out = hf_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+        outputs.append(out[0, ids.shape[1] :].tolist())
+    return outputs
+
+
+def greedy_ids(server, hf_tokenizer) -> list[list[int]]:
+    """Our greedy continuations of PROMPTS (sent as transformers' token ids: the reference
+    compares the model, not two tokenizers)."""
+    batch = {
+        "input_ids": [hf_tokenizer(p).input_ids for p in PROMPTS],
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+    }
+    resp = post(server, "/generate", batch)
+    assert resp.status_code == 200, resp.text
+    return [item["output_ids"] for item in resp.json()]
+
+
+def test_greedy_outputs_equal_transformers(server, hf_tokenizer, reference):
+    assert greedy_ids(server, hf_tokenizer) == reference
+    # and again, now that every prompt is cached
+    assert greedy_ids(server, hf_tokenizer) == reference
+
+
+def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, reference):
+    """Two servers at once on one host (their sockets and Ray instances must not collide)."""
+    with launch_server("--disable-radix-cache") as off, launch_server("--tp-size", "3") as tp3:
+        assert greedy_ids(off, hf_tokenizer) == reference
+        assert greedy_ids(tp3, hf_tokenizer) == reference
+        assert get(off, "/cache_info").json()["cache_hits"] == 0
+        assert get(tp3, "/get_server_info").json()["tp_size"] == 3
+
+
+def test_shared_prefix_is_reused_page_aligned_and_flushed():
+    prefix = " ".join(f"word{i}" for i in range(250))  # ~500 tokens
+    with launch_server("--page-size", "16") as srv:
+        first = generate(srv, prefix + " First question?", max_new_tokens=4)
+        before = get(srv, "/cache_info").json()
+        second = generate(srv, prefix + " Second one?", max_new_tokens=4)
+        after = get(srv, "/cache_info").json()
+        shared = first["meta_info"]["prompt_tokens"] - 4  # the questions differ in their last few tokens
+        assert second["meta_info"]["cached_tokens"] >= (shared // 16) * 16 - 16
+        assert second["meta_info"]["cached_tokens"] % 16 == 0
+        assert after["cache_hits"] == before["cache_hits"] + 1
+        assert after["cached_tokens_total"] == before["cached_tokens_total"] + second["meta_info"]["cached_tokens"]
+        assert post(srv, "/flush_cache", {}).status_code == 200
+        assert generate(srv, prefix + " Second one?", max_new_tokens=4)["meta_info"]["cached_tokens"] == 0
+
+
+def stream_text(server, prompt: str) -> str:
+    body = {"text": prompt, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}
+    events = sse_events(post(server, "/generate", body, stream=True))
+    assert events[-1] == "[DONE]"
+    assert events[-2]["meta_info"]["completion_tokens"] == 8
+    return events[-2]["text"]
+
+
+def test_32_concurrent_streams_equal_their_outputs_alone(server):
+    prompts = [f"Request {i}: tell me about the number {i * 7}." for i in range(32)]
+    alone = [stream_text(server, p) for p in prompts]
+    assert post(server, "/flush_cache", {}).status_code == 200
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(lambda p: stream_text(server, p), prompts))
+    assert together == alone
+    info = get(server, "/cache_info").json()
+    assert info["protected_tokens"] == 0  # nothing left locked once every stream ended
+
+
+def test_sigterm_during_load_leaves_no_process_behind():
+    cmd = [*radixcluster_command(), "up", "--port", str(free_port())]
+    process = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(seen) < 4:  # Ray's processes and the workers are starting
+        seen |= descendants(process.pid)
+        time.sleep(0.5)
+    assert seen, "radixcluster up started no processes"
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("radixcluster up did not exit within 90 s of SIGTERM")
+    time.sleep(2)
+    left = {pid for pid in seen if is_running(pid)}
+    assert left == set(), f"left behind: {left}"
+
+
+def test_the_url_is_printed_when_ready():
+    port = free_port()
+    process = subprocess.Popen(
+        [*radixcluster_command(), "up", "--port", str(port)],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        assert line.strip() == f"radixcluster ready: http://127.0.0.1:{port}"
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=90)
+    assert "radix cache enabled" in err
+    assert process.returncode == 0

@@ -1,0 +1,130 @@
+"""The router's request handling on the real tokenizer, scheduler and model runner, in one
+process (the sockets around it are exercised by the end-to-end tests)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from radixcluster.model_path import served_model_name
+from radixcluster.protocol import AbortRequest, ControlRequest, GenerateRequest, RequestOutput, SamplingParams
+from radixcluster.router.router_process import Router, RouterConfig
+from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
+
+PAGES = 4096
+_rids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def runner(model_path) -> ModelRunner:
+    return ModelRunner(RunnerConfig(model_path=model_path, num_pages=PAGES, page_size=1, max_slots=8, max_context_len=8192))
+
+
+@pytest.fixture()
+def router(model_path) -> Router:
+    config = RouterConfig(
+        model_path=model_path, served_model_name=served_model_name(model_path), num_pages=PAGES, page_size=1,
+        context_length=8192, max_running_requests=8, chunked_prefill_size=64, schedule_policy="lpm",
+        eviction_policy="lru", enable_radix_cache=True, tp_size=1, device="cpu", dtype="float32",
+    )
+    return Router(config)
+
+
+def request(text: str | None = None, **kw) -> GenerateRequest:
+    sampling = kw.pop("sampling", {})
+    sampling.setdefault("temperature", 0.0)
+    return GenerateRequest(rid=f"r{next(_rids)}", text=text, sampling=SamplingParams(**sampling), **kw)
+
+
+def run(router: Router, runner: ModelRunner, *reqs: GenerateRequest) -> dict[str, list[RequestOutput]]:
+    """Submit ``reqs`` and step until each has its last output; outputs by rid."""
+    outputs: dict[str, list[RequestOutput]] = {r.rid: [] for r in reqs}
+    for r in reqs:
+        for out in router.submit(r):
+            outputs[out.rid].append(out)
+    while not all(outs and outs[-1].finished for outs in outputs.values()):
+        for out in router.step(runner.step):
+            outputs[out.rid].append(out)
+    router.scheduler.check_integrity()
+    return outputs
+
+
+def test_greedy_output_equals_transformers(router, runner, hf_tokenizer, hf_model):
+    prompt = "The capital of France is"
+    out = run(router, runner, request(prompt, sampling={"max_new_tokens": 12, "ignore_eos": True}))
+    (last,) = out[next(iter(out))]
+    ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        ref = hf_model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)[0, ids.shape[1] :]
+    assert last.output_ids == ref.tolist()
+    assert last.text == hf_tokenizer.decode(ref, skip_special_tokens=True)
+    assert (last.prompt_tokens, last.completion_tokens) == (ids.shape[1], 12)
+
+
+def test_stream_deltas_concatenate_to_the_whole_and_a_stop_string_trims(router, runner):
+    prompt = "Write the numbers from one to twenty in words:"
+    whole = run(router, runner, request(prompt, sampling={"max_new_tokens": 24, "ignore_eos": True}))
+    text = next(iter(whole.values()))[-1].text
+    streamed = run(router, runner, request(prompt, stream=True, sampling={"max_new_tokens": 24, "ignore_eos": True}))
+    deltas = next(iter(streamed.values()))
+    assert len(deltas) > 1 and "".join(d.text for d in deltas) == text
+    stop = text[8:12]
+    stopped = run(router, runner, request(prompt, sampling={"max_new_tokens": 24, "stop": [stop]}))
+    last = next(iter(stopped.values()))[-1]
+    assert last.text == text[: text.index(stop)]
+    assert last.finish_reason == {"type": "stop", "matched": stop}
+
+
+def test_the_second_request_reuses_the_first_ones_prefix(router, runner):
+    header = "You are a careful assistant. Answer briefly and precisely. " * 6
+    first = run(router, runner, request(header + "What is 2+2?", sampling={"max_new_tokens": 2}))
+    second = run(router, runner, request(header + "What is 3+3?", sampling={"max_new_tokens": 2}))
+    shared = next(iter(first.values()))[-1].prompt_tokens - 6
+    assert next(iter(second.values()))[-1].cached_tokens >= shared
+    info = router.submit(ControlRequest(cid="c", kind="cache_info"))[0].payload
+    assert info["cache_hits"] == 1 and info["total_requests"] == 2
+
+
+@pytest.mark.parametrize(
+    "msg, words",
+    [
+        (GenerateRequest(rid="e", sampling=SamplingParams(), text=""), "empty"),
+        (GenerateRequest(rid="l", sampling=SamplingParams(), input_ids=[5] * 9000), "context length"),
+        (GenerateRequest(rid="v", sampling=SamplingParams(), input_ids=[5, 49152]), "49152"),
+        (GenerateRequest(rid="m", sampling=SamplingParams(), messages=[{"role": "robot", "content": "x"}]), "role"),
+    ],
+)
+def test_requests_that_cannot_run_are_rejected_with_a_reason(router, msg, words):
+    (out,) = router.submit(msg)
+    assert out.status == 400 and out.finished and words in out.error
+    assert router.idle()
+
+
+def test_abort_mid_generation_releases_everything(router, runner):
+    msg = request("Count slowly:", stream=True, sampling={"max_new_tokens": 200, "ignore_eos": True})
+    router.submit(msg)
+    for _ in range(3):
+        router.step(runner.step)
+    assert router.submit(AbortRequest(rid=msg.rid)) == []
+    assert router.step(runner.step) == [] and router.idle()
+    router.scheduler.check_integrity()
+    stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+    assert stats["num_running_reqs"] == 0 and stats["free_pages"] + stats["evictable_tokens"] == PAGES
+
+
+def test_batched_prompt_logprobs_equal_the_reference(router, runner, hf_tokenizer, hf_model):
+    texts = ["Hello world, this is a test of it", "Hello world, this is a test of the system ok"]
+    reqs = [request(t, return_logprob=True, logprob_start_len=3, sampling={"max_new_tokens": 0}) for t in texts]
+    outs = run(router, runner, *reqs)
+    for text, r in zip(texts, reqs):
+        got = outs[r.rid][-1].input_logprobs
+        ids = hf_tokenizer(text, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            logp = torch.log_softmax(hf_model(ids).logits[0].float(), -1)
+        expected = [logp[p - 1, ids[0, p]].item() for p in range(4, ids.shape[1])]
+        assert got[0] == [None, ids[0, 3].item()]
+        assert [tok for _, tok in got[1:]] == ids[0, 4:].tolist()
+        np.testing.assert_allclose([lp for lp, _ in got[1:]], expected, rtol=1e-4, atol=1e-4)

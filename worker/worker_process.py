@@ -1,0 +1,99 @@
+"""One tensor-parallel rank's serving loop: rank 0 takes ForwardBatch frames from the router,
+broadcasts them to the other ranks, every rank runs its shard, rank 0 answers with a StepResult."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from radixcluster.protocol import ForwardBatch, Shutdown, StepResult, decode, encode
+from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
+from radixcluster.worker.parallel import init_tensor_parallel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    runner: RunnerConfig
+    batch_address: str  # the router binds; rank 0 connects (PULL)
+    result_address: str  # the router binds; rank 0 connects (PUSH)
+    num_threads: int
+
+
+class TPWorker:
+    """A rank: loads its shard, then serves frames until Shutdown. Ray wraps it as an actor;
+    per-step traffic goes through ZeroMQ and collectives only, never through Ray."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.runner: ModelRunner | None = None
+
+    def free_port(self) -> int:
+        """A free TCP port on this rank's node, for the TP group's rendezvous."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def load(self, dist_init_method: str) -> None:
+        """Join the TP group (``tcp://127.0.0.1:port``: a group lives on one node) and load this
+        rank's shard. All ranks call it concurrently."""
+        cfg = self.config
+        torch.set_num_threads(cfg.num_threads)
+        if cfg.runner.tp_size > 1:
+            backend = "nccl" if cfg.runner.device.startswith("cuda") else "gloo"
+            init_tensor_parallel(cfg.runner.tp_rank, cfg.runner.tp_size, dist_init_method, backend)
+        self.runner = ModelRunner(cfg.runner)
+
+    def serve(self) -> None:
+        """Run until the router sends Shutdown. Errors in a step are reported, not fatal."""
+        assert self.runner is not None, "load() first"
+        rank, size = self.config.runner.tp_rank, self.config.runner.tp_size
+        ctx = zmq.Context.instance()
+        pull = push = None
+        if rank == 0:
+            pull = ctx.socket(zmq.PULL)
+            pull.connect(self.config.batch_address)
+            push = ctx.socket(zmq.PUSH)
+            push.connect(self.config.result_address)
+        try:
+            while True:
+                frame = pull.recv() if rank == 0 else b""
+                if size > 1:
+                    frame = _broadcast_frame(frame, rank)
+                msg = decode(frame)
+                if isinstance(msg, Shutdown):
+                    return
+                result = self._step(msg)
+                if rank == 0:
+                    push.send(encode(result))
+        finally:
+            for sock in (pull, push):
+                if sock is not None:
+                    sock.close(linger=0)
+
+    def _step(self, batch: ForwardBatch) -> StepResult | None:
+        try:
+            return self.runner.step(batch)
+        except Exception as exc:  # a failed step fails its requests, not the server
+            logger.error("step %d failed:\n%s", batch.step_id, traceback.format_exc())
+            return StepResult(step_id=batch.step_id, next_token_ids=None, error=f"{type(exc).__name__}: {exc}")
+
+
+def _broadcast_frame(frame: bytes, rank: int) -> bytes:
+    """Rank 0's frame to every rank: its length, then its bytes (gloo/nccl carry tensors only)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    length = torch.tensor([len(frame)], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    if rank == 0:
+        data = torch.frombuffer(bytearray(frame), dtype=torch.uint8).to(device)
+    else:
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return bytes(data.cpu().numpy()) if rank != 0 else frame
