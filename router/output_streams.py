@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.detokenizer import IncrementalDetokenizer, StopChecker
+from radixcluster.router.prompt_memo import PromptMemo
 from radixcluster.router.request import Request
 from radixcluster.router.tokenizer import Tokenizer
 
@@ -18,6 +21,8 @@ class _Stream:
     stream: bool
     detok: IncrementalDetokenizer
     stops: StopChecker
+    prompt_text: str | None
+    text: str = ""  # everything emitted so far
     sent_ids: int = 0
     sent_logprobs: int = 0
     sent_input_logprobs: bool = False
@@ -28,16 +33,18 @@ class _Stream:
 @dataclass(slots=True)
 class OutputStreams:
     tokenizer: Tokenizer
+    memo: PromptMemo
     generated_tokens_total: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
-    def open(self, msg: GenerateRequest, request: Request) -> None:
+    def open(self, msg: GenerateRequest, request: Request, prompt_text: str | None) -> None:
         s = msg.sampling
         self._streams[msg.rid] = _Stream(
             request=request,
             stream=msg.stream,
             detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens, s.spaces_between_special_tokens),
             stops=StopChecker(s.stop, s.no_stop_trim),
+            prompt_text=prompt_text,
         )
 
     def close(self, rid: str) -> None:
@@ -77,6 +84,8 @@ class OutputStreams:
             if req.finished:
                 del self._streams[req.rid]
                 out.finished, out.finish_reason = True, req.finish_reason
+                if not stopped:
+                    self._remember(stream)
             if stream.stream or out.finished:
                 outputs.append(out)
         return outputs
@@ -88,6 +97,7 @@ class OutputStreams:
         self.generated_tokens_total += len(new_ids)
         out = stream.held or RequestOutput(rid=req.rid)
         out.text += text
+        stream.text += text
         out.output_ids.extend(new_ids)
         out.output_logprobs.extend(req.output_logprobs[stream.sent_logprobs :])
         prefill_done = bool(req.output_ids) or req.finished
@@ -101,6 +111,20 @@ class OutputStreams:
         stream.sent_logprobs = len(req.output_logprobs)
         stream.held = None if stream.stream else out
         return out
+
+
+    def _remember(self, stream: _Stream) -> None:
+        """Memo the finished prompt + answer text with the ids that produced it, when the ids
+        spell exactly that text (no stop string cut it, no special token hides in it)."""
+        req = stream.request
+        ids = list(req.output_ids)
+        while ids and self.tokenizer.is_special(ids[-1]):
+            ids.pop()  # an end-of-sequence token: no text, and the next turn's template closes the turn
+        if stream.prompt_text is None or any(self.tokenizer.is_special(t) for t in ids):
+            return
+        if self.tokenizer.decode(ids) != stream.text:
+            return
+        self.memo.remember(stream.prompt_text + stream.text, np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)]))
 
 
 def _input_logprobs(req: Request) -> list[list[Any]]:

@@ -7,6 +7,7 @@ import numpy as np
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.grammar import GrammarCache, GrammarError
+from radixcluster.router.prompt_memo import PromptMemo
 from radixcluster.router.request import Request
 from radixcluster.router.tokenizer import Tokenizer
 
@@ -21,24 +22,35 @@ class RequestIntake:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.grammars = GrammarCache(tokenizer, vocab_size)
+        self.memo = PromptMemo()
 
-    def prompt_ids(self, msg: GenerateRequest) -> np.ndarray:
-        """The prompt's token ids; a chat is rendered with the model's template first."""
+    def prompt(self, msg: GenerateRequest) -> tuple[str | None, np.ndarray]:
+        """The prompt's text (None for input_ids) and token ids; a chat is rendered with the
+        model's template first. A text that extends one the router produced whole (an earlier
+        prompt + answer) keeps that text's ids and encodes only the rest."""
+        if msg.input_ids is not None:
+            return None, np.asarray(msg.input_ids, dtype=np.int64)
         if msg.messages is not None:
             try:
                 text = self.tokenizer.apply_chat_template(msg.messages, add_generation_prompt=True)
             except ValueError as exc:
                 raise RequestRejected(f"invalid chat messages: {exc}") from exc
-            # the rendered template carries its own special tokens
-            return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
-        if msg.text is not None:
-            return np.asarray(self.tokenizer.encode(msg.text), dtype=np.int64)
-        if msg.input_ids is not None:
-            return np.asarray(msg.input_ids, dtype=np.int64)
-        raise RequestRejected("one of text, input_ids or messages is required")
+            add_special = False  # the rendered template carries its own special tokens
+        elif msg.text is not None:
+            text, add_special = msg.text, True
+        else:
+            raise RequestRejected("one of text, input_ids or messages is required")
+        known = self.memo.longest_prefix(text)
+        if known is None:
+            return text, np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
+        known_text, known_ids = known
+        rest = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
+        return text, np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
 
-    def make_request(self, msg: GenerateRequest) -> Request:
-        ids = self.prompt_ids(msg).reshape(-1)
+    def make_request(self, msg: GenerateRequest) -> tuple[Request, str | None]:
+        """The scheduler's request and the prompt's text (for the memo once it finishes)."""
+        text, ids = self.prompt(msg)
+        ids = ids.reshape(-1)
         if ids.size == 0:
             raise RequestRejected("the prompt is empty: at least one token is needed")
         self._check_ids(ids, "input_ids")
@@ -55,7 +67,7 @@ class RequestIntake:
             grammar = self.grammars.for_request(sampling)
         except GrammarError as exc:
             raise RequestRejected(str(exc)) from exc
-        return Request(
+        request = Request(
             rid=msg.rid,
             prompt_ids=ids.astype(np.int32),
             sampling=sampling,
@@ -66,6 +78,7 @@ class RequestIntake:
             logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),
             grammar=grammar,
         )
+        return request, text
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]

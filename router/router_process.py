@@ -85,17 +85,17 @@ class Router:
             )
         )
         self.intake = RequestIntake(self.tokenizer, model_config.vocab_size, config.context_length)
-        self.streams = OutputStreams(self.tokenizer)
+        self.streams = OutputStreams(self.tokenizer, self.intake.memo)
         self._step_id = 0
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
         if isinstance(msg, GenerateRequest):
             try:
-                request = self.intake.make_request(msg)
+                request, prompt_text = self.intake.make_request(msg)
             except RequestRejected as exc:
                 return [RequestOutput(rid=msg.rid, finished=True, error=str(exc), status=400)]
-            self.streams.open(msg, request)
+            self.streams.open(msg, request, prompt_text)
             self.scheduler.add_request(request)
             return []
         if isinstance(msg, AbortRequest):

@@ -128,3 +128,17 @@ def test_batched_prompt_logprobs_equal_the_reference(router, runner, hf_tokenize
         assert got[0] == [None, ids[0, 3].item()]
         assert [tok for _, tok in got[1:]] == ids[0, 4:].tolist()
         np.testing.assert_allclose([lp for lp, _ in got[1:]], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
+    """Sampled text need not re-encode to the ids that produced it; the next turn must still
+    hit the whole previous prompt + answer."""
+    first_turn = [{"role": "user", "content": "写一首关于大海的短诗。"}]
+    sampling = {"temperature": 1.0, "seed": 8, "max_new_tokens": 40}  # its answer re-encodes differently from token 14
+    first = request(messages=first_turn, sampling=dict(sampling))
+    answer = run(router, runner, first)[first.rid][-1]
+    second_turn = [*first_turn, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "再写一首。"}]
+    second = request(messages=second_turn, sampling=dict(sampling))
+    reply = run(router, runner, second)[second.rid][-1]
+    answer_ids = [t for t in answer.output_ids if t not in router.tokenizer.eos_token_ids]
+    assert reply.cached_tokens >= answer.prompt_tokens + len(answer_ids) - 1
