@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from servers import ServerHandle, launch_server
 
 # Tests share 2 cores; torch's default of one thread per core is right, but never more.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -58,3 +61,10 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory, hf_model, hf_tokenize
     model.save_pretrained(directory, max_shard_size="100MB")
     hf_tokenizer.save_pretrained(directory, save_jinja_files=False)
     return directory
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[ServerHandle]:
+    """One `radixcluster up` with default flags, shared by every test that needs nothing special."""
+    with launch_server() as handle:
+        yield handle

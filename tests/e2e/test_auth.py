@@ -6,7 +6,7 @@ import openai
 import pytest
 import requests
 from api_helpers import TIMEOUT_S, assert_error
-from conftest import launch_server
+from servers import launch_server
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import requests
 import torch
 
 from api_helpers import generate, get, post, sse_events
-from conftest import free_port, launch_server, radixcluster_command
+from servers import free_port, launch_server, radixcluster_command
 from radixcluster.process_tree import descendants, is_running
 
 pytestmark = pytest.mark.slow

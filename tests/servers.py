@@ -1,0 +1,80 @@
+"""Real servers for end-to-end tests: `radixcluster up` on 127.0.0.1 with the embedded model.
+
+Imported by test modules (``from servers import launch_server``): pytest puts tests/ on the path."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+STARTUP_TIMEOUT_S = 300
+
+
+@dataclass(slots=True)
+class ServerHandle:
+    url: str
+    api_key: str | None
+    process: subprocess.Popen
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def radixcluster_command() -> list[str]:
+    script = Path(sys.executable).parent / "radixcluster"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "radixcluster"]
+
+
+def wait_healthy(handle: ServerHandle, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if handle.process.poll() is not None:
+            raise RuntimeError(f"radixcluster up exited with {handle.process.returncode} before it was healthy")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{handle.url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"server at {handle.url} not healthy within {timeout}s")
+
+
+def stop_server(handle: ServerHandle, timeout: float = 60) -> None:
+    """SIGTERM, as a person's Ctrl-C or Kubernetes would; kill the group if it overstays."""
+    if handle.process.poll() is None:
+        handle.process.send_signal(signal.SIGTERM)
+        try:
+            handle.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(handle.process.pid, signal.SIGKILL)
+            handle.process.wait()
+
+
+@contextlib.contextmanager
+def launch_server(*extra_args: str, api_key: str | None = None) -> Iterator[ServerHandle]:
+    """Start `radixcluster up` with extra flags; yield once /health answers; stop it after."""
+    port = free_port()
+    cmd = [*radixcluster_command(), "up", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    process = subprocess.Popen(cmd, start_new_session=True)
+    handle = ServerHandle(url=f"http://127.0.0.1:{port}", api_key=api_key, process=process)
+    try:
+        wait_healthy(handle)
+        yield handle
+    finally:
+        stop_server(handle)
