@@ -66,7 +66,9 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
     tp_size = len(worker_configs)
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01}
     # The router reaches rank 0 over ipc://, so the group lives on this (the driver's) node.
-    bundle[f"node:{ray.util.get_node_ip_address()}"] = 0.001
+    node = f"node:{ray.util.get_node_ip_address()}"
+    _check_node_can_host(node, bundle, tp_size)
+    bundle[node] = 0.001
     pg = placement_group([dict(bundle) for _ in range(tp_size)], strategy="STRICT_PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
@@ -86,6 +88,19 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
         for i, cfg in enumerate(worker_configs)
     ]
     return RayWorkers(actors=actors, placement_group=pg)
+
+
+def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> None:
+    """Fail at once, not after a placement timeout, when this node could never hold the group."""
+    import ray
+
+    totals = next((n["Resources"] for n in ray.nodes() if n.get("Alive") and node in n["Resources"]), None)
+    if totals is None:
+        raise RayPlacementError(f"this machine ({node[5:]}) is not a live node of the Ray cluster")
+    short = {k: (v * tp_size, totals.get(k, 0)) for k, v in bundle.items() if totals.get(k, 0) < v * tp_size}
+    if short:
+        need = ", ".join(f"{k} {want:g} (node has {have:g})" for k, (want, have) in short.items())
+        raise RayPlacementError(f"the Ray node {node[5:]} cannot host --tp-size {tp_size}: it needs {need}")
 
 
 def load_and_serve(workers: RayWorkers) -> list[Any]:
