@@ -215,6 +215,7 @@ class Launcher:
                     max_context_len=plan.context_length,
                     dtype=dtype,
                     device=plan.device,
+                    attention_backend=args.attention_backend,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),

@@ -11,6 +11,7 @@ logger = logging.getLogger(__name__)
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 EVICTION_POLICIES = ("lru", "lfu")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Flags users bring from SGLang that name what is already the default here.
 DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
@@ -22,7 +23,6 @@ MEANINGLESS_FLAGS = {
 }
 MEANINGLESS_VALUE_FLAGS = {
     "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
-    "--attention-backend": "attention runs on the built-in paged kernels",
 }
 
 
@@ -44,6 +44,7 @@ class ServerArgs:
     radix_eviction_policy: str = "lru"
     dtype: str = "auto"
     device: str = "auto"
+    attention_backend: str = "auto"
     api_key: str | None = None
     ray_address: str | None = None
     log_level: str = "warning"
@@ -59,6 +60,8 @@ class ServerArgs:
             raise ValueError("--max-total-tokens must hold at least one page")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"--attention-backend must be one of {ATTENTION_BACKENDS}")
         if self.disable_radix_cache and self.schedule_policy != "fcfs":
             # Prefix-aware policies have nothing to look at without the cache.
             self.schedule_policy = "fcfs"
@@ -91,6 +94,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype,
                         help="auto: float32 on CPU, bfloat16 on GPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
+                        help="auto: Triton kernels on CUDA, the torch reference elsewhere")
     parser.add_argument("--api-key", default=d.api_key, help="require 'Authorization: Bearer KEY' (all but /health)")
     parser.add_argument("--ray-address", default=d.ray_address,
                         help="join this Ray cluster instead of starting a local one")

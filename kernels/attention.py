@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,18 +26,38 @@ class ExtendSpan:
 
 
 @dataclass(slots=True)
-class AttentionMetadata:
-    """Where every new token's K/V goes and what every query reads, for one step.
+class GatheredRows:
+    """The torch path's view of a step: every context token's cache row, gathered up front.
 
     Decodes (one new token) are batched: their contexts are padded to the longest and
     masked. Extends run one request at a time with a causal-with-offset mask.
     """
 
-    slot_mapping: torch.Tensor  # int64 [T]: cache row of each new token
-    decode_rows: torch.Tensor  # int64 [Bd]: query row of each decode request
-    decode_slots: torch.Tensor  # int64 [Bd, Lmax]: cache rows of its context, padded with 0
+    decode_slots: torch.Tensor  # int64 [Bd, Lmax]: cache rows of each decode's context, padded with 0
     decode_mask: torch.Tensor  # bool [Bd, 1, 1, Lmax]: True where the context is real
     extends: list[ExtendSpan]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where every new token's K/V goes and what every query reads, for one step.
+
+    The flat per-request tensors are what the Triton kernels read (they look pages up
+    themselves); ``gathered`` is what the torch path reads, None when built without it.
+    """
+
+    slot_mapping: torch.Tensor  # int64 [T]: cache row of each new token
+    decode_rows: torch.Tensor  # int64 [Bd]: query row of each decode request
+    page_size: int
+    page_table: torch.Tensor  # int32 [B, max_pages]: each request's pages
+    q_starts: torch.Tensor  # int32 [B]: first query row of each request
+    prefix_lens: torch.Tensor  # int32 [B]: tokens already cached
+    extend_lens: torch.Tensor  # int32 [B]: new tokens
+    decode_ids: torch.Tensor  # int32 [Bd]: requests with one new token
+    extend_ids: torch.Tensor  # int32 [Be]: requests with more than one
+    max_extend_len: int  # longest extend (0 when none)
+    max_decode_context: int  # longest decode context, its new token included (0 when none)
+    gathered: GatheredRows | None
 
 
 def build_attention_metadata(
@@ -45,37 +66,77 @@ def build_attention_metadata(
     extend_lens: torch.Tensor,
     page_size: int,
     device: torch.device | str = "cpu",
+    *,
+    gather_rows: bool = True,
 ) -> AttentionMetadata:
     """Layout of one step from each request's page-table row (int32 ``[B, max_pages]``, on the
-    CPU) and its cached/new token counts (int ``[B]``); tensors land on ``device``."""
-    prefix_lens = prefix_lens.to(torch.int64)
-    extend_lens = extend_lens.to(torch.int64)
-    context_lens = prefix_lens + extend_lens
-    max_context = int(context_lens.max())
-    t = torch.arange(max_context)
+    CPU) and its cached/new token counts (int ``[B]``); tensors land on ``device``.
+    ``gather_rows=False`` skips the torch path's ``[B, max_context]`` row gather, which the
+    Triton kernels do not need."""
+    # numpy: per-request arrays are tiny, and torch's per-op overhead would dominate
+    prefix = prefix_lens.numpy().astype(np.int64)
+    new = extend_lens.numpy().astype(np.int64)
+    context = prefix + new
+    q_starts = np.cumsum(new) - new
+    decode = np.flatnonzero(new == 1)
+    extend = np.flatnonzero(new > 1)
+    # new token i of request b sits at position i + prefix_len[b] - q_start[b]
+    owner = np.repeat(np.arange(len(new)), new)
+    t = np.arange(len(owner)) + (prefix - q_starts)[owner]
+    slot_mapping = page_table.numpy()[owner, t // page_size].astype(np.int64) * page_size + t % page_size
+    max_decode_context = int(context[decode].max(initial=0))
+
+    def on_device(x: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        return torch.from_numpy(x).to(device=device, dtype=dtype)
+
+    return AttentionMetadata(
+        slot_mapping=on_device(slot_mapping, torch.int64),
+        decode_rows=on_device(q_starts[decode], torch.int64),
+        page_size=page_size,
+        # only the columns this step reaches: rows are as wide as the longest allowed context
+        page_table=page_table[:, : -(-int(context.max()) // page_size)].to(device=device, dtype=torch.int32),
+        q_starts=on_device(q_starts),
+        prefix_lens=on_device(prefix),
+        extend_lens=on_device(new),
+        decode_ids=on_device(decode),
+        extend_ids=on_device(extend),
+        max_extend_len=int(new[extend].max(initial=0)),
+        max_decode_context=max_decode_context,
+        gathered=(
+            _gather_rows(page_table, prefix, context, q_starts, decode, max_decode_context, extend, page_size, device)
+            if gather_rows
+            else None
+        ),
+    )
+
+
+def _gather_rows(
+    page_table: torch.Tensor,
+    prefix_lens: np.ndarray,
+    context_lens: np.ndarray,
+    q_starts: np.ndarray,
+    decode: np.ndarray,
+    dec_width: int,
+    extend: np.ndarray,
+    page_size: int,
+    device: torch.device | str,
+) -> GatheredRows:
+    context_lens, decode = torch.from_numpy(context_lens), torch.from_numpy(decode)
+    t = torch.arange(int(context_lens.max()))
     # cache row of token t of every request, valid where t < its context length
     rows = page_table[:, t // page_size].to(torch.int64) * page_size + t % page_size
-    is_new = (t >= prefix_lens[:, None]) & (t < context_lens[:, None])
-    q_starts = torch.cumsum(extend_lens, 0) - extend_lens
-
-    decode = (extend_lens == 1).nonzero().flatten()
-    dec_width = int(context_lens[decode].max()) if len(decode) else 0
     dec_mask = t[:dec_width] < context_lens[decode, None]
-    dec_slots = rows[decode, :dec_width].masked_fill(~dec_mask, 0)
-
     extends = [
         ExtendSpan(
             q_start=int(q_starts[b]),
-            q_len=int(extend_lens[b]),
+            q_len=int(context_lens[b] - prefix_lens[b]),
             prefix_len=int(prefix_lens[b]),
             context_slots=rows[b, : int(context_lens[b])].to(device),
         )
-        for b in (extend_lens > 1).nonzero().flatten().tolist()
+        for b in extend.tolist()
     ]
-    return AttentionMetadata(
-        slot_mapping=rows[is_new].to(device),
-        decode_rows=q_starts[decode].to(device),
-        decode_slots=dec_slots.to(device),
+    return GatheredRows(
+        decode_slots=rows[decode, :dec_width].masked_fill(~dec_mask, 0).to(device),
         decode_mask=dec_mask[:, None, None, :].to(device),
         extends=extends,
     )
@@ -99,17 +160,20 @@ def paged_attention(
     ``num_heads`` is a multiple of the cache's ``num_kv_heads`` (grouped-query attention).
     Returns ``[T, num_heads, head_dim]``.
     """
+    rows = meta.gathered
+    if rows is None:
+        raise ValueError("the torch attention path needs metadata built with gather_rows=True")
     num_heads, head_dim = q.shape[1:]
     kv_heads = k_cache.shape[-2]
     k_flat = k_cache.view(-1, kv_heads, head_dim)
     v_flat = v_cache.view(-1, kv_heads, head_dim)
-    if not meta.extends:
-        return _decode_attention(q, k_flat, v_flat, meta, scale)
+    if not rows.extends:
+        return _decode_attention(q, k_flat, v_flat, meta.decode_rows, rows, scale)
     out = torch.empty_like(q)
-    for span in meta.extends:
+    for span in rows.extends:
         out[span.q_start : span.q_start + span.q_len] = _extend_attention(q, k_flat, v_flat, span, scale)
     if len(meta.decode_rows):
-        out.index_copy_(0, meta.decode_rows, _decode_attention(q, k_flat, v_flat, meta, scale))
+        out.index_copy_(0, meta.decode_rows, _decode_attention(q, k_flat, v_flat, meta.decode_rows, rows, scale))
     return out
 
 
@@ -132,16 +196,21 @@ def _extend_attention(
 
 
 def _decode_attention(
-    q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, meta: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
+    decode_rows: torch.Tensor,
+    rows: GatheredRows,
+    scale: float,
 ) -> torch.Tensor:
     num_heads, head_dim = q.shape[1:]
     kv_heads = k_flat.shape[1]
-    batch = len(meta.decode_rows)
+    batch = len(decode_rows)
     # the query heads sharing a KV head become that head's query rows: no K/V repeat
-    q_d = q.index_select(0, meta.decode_rows).view(batch, kv_heads, num_heads // kv_heads, head_dim)
-    k = _gather_context(k_flat, meta.decode_slots)
-    v = _gather_context(v_flat, meta.decode_slots)
-    o = F.scaled_dot_product_attention(q_d, k, v, attn_mask=meta.decode_mask, scale=scale)
+    q_d = q.index_select(0, decode_rows).view(batch, kv_heads, num_heads // kv_heads, head_dim)
+    k = _gather_context(k_flat, rows.decode_slots)
+    v = _gather_context(v_flat, rows.decode_slots)
+    o = F.scaled_dot_product_attention(q_d, k, v, attn_mask=rows.decode_mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)
 
 

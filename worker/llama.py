@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from radixcluster.kernels.activation import silu_and_mul
-from radixcluster.kernels.attention import AttentionMetadata, paged_attention, store_kv
+from radixcluster.kernels.attention import AttentionMetadata
+from radixcluster.kernels.attention_backend import TORCH_BACKEND, AttentionBackend
 from radixcluster.kernels.norm import add_rms_norm, rms_norm
 from radixcluster.kernels.rotary import apply_rotary, rope_cos_sin, rope_inv_freq
 from radixcluster.model_config import ModelConfig
@@ -48,8 +49,9 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend) -> None:
         super().__init__()
+        self.attention = attention
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, config.head_dim, config.num_heads, config.num_kv_heads, config.qkv_bias, tp
@@ -71,8 +73,8 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)
         q = apply_rotary(q.view(tokens, self.num_heads, d), cos, sin)
         k = apply_rotary(k.view(tokens, self.num_kv_heads, d), cos, sin)
-        store_kv(k_cache, v_cache, meta.slot_mapping, k, v.view(tokens, self.num_kv_heads, d))
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        self.attention.store_kv(k_cache, v_cache, meta.slot_mapping, k, v.view(tokens, self.num_kv_heads, d))
+        out = self.attention.paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.view(tokens, self.num_heads * d))
 
 
@@ -88,9 +90,9 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, tp)
+        self.self_attn = LlamaAttention(config, tp, attention)
         self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -112,22 +114,23 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, tp) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, tp, attention) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # a plain attribute, not a buffer: it stays float32 when the model is cast
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Create it under ``torch.device(...)``, cast with ``.to(dtype)``, then ``load_weights``."""
+    """Create it under ``torch.device(...)``, cast with ``.to(dtype)``, then ``load_weights``.
+    ``attention`` is the paged-attention implementation every layer calls."""
 
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend = TORCH_BACKEND) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, tp)
+        self.model = LlamaModel(config, tp, attention)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied)
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from radixcluster.kernels.attention import build_attention_metadata
+from radixcluster.kernels.attention_backend import select_attention_backend
 from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
 from radixcluster.worker.kv_pool import KVPool
@@ -23,7 +24,8 @@ from radixcluster.worker.weights import iter_weights
 @dataclass(slots=True, kw_only=True)
 class RunnerConfig:
     """What one rank runs: the model, its place in the TP group, and the KV pool's size.
-    ``dtype`` None means float32 on CPU, bfloat16 on CUDA."""
+    ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``attention_backend`` is
+    ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``."""
 
     model_path: Path
     tp_rank: int = 0
@@ -34,6 +36,7 @@ class RunnerConfig:
     max_context_len: int
     dtype: torch.dtype | None = None
     device: str = "cpu"
+    attention_backend: str = "auto"
 
 
 @dataclass(slots=True)
@@ -56,8 +59,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = config.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tp = TPGroup(config.tp_rank, config.tp_size)
+        self.attention = select_attention_backend(self.device, config.attention_backend)
         with torch.device(self.device):
-            self.model = LlamaForCausalLM(self.model_config, self.tp)
+            self.model = LlamaForCausalLM(self.model_config, self.tp, self.attention)
         self.model.to(self.dtype).eval()
         with torch.inference_mode():
             self.model.load_weights(weights if weights is not None else iter_weights(config.model_path, self.model_config))
@@ -114,6 +118,7 @@ class ModelRunner:
             torch.tensor(batch.extend_lens),
             self.config.page_size,
             self.device,
+            gather_rows=self.attention.gather_rows,
         )
         last_rows = np.cumsum(batch.extend_lens, dtype=np.int64) - 1
         prompt_rows = _prompt_rows(batch.extend_lens, batch.logprob_starts)

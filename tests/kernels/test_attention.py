@@ -2,69 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from radixcluster.kernels.attention import build_attention_metadata, paged_attention, store_kv
-
-HEAD_DIM = 8
-
-
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int) -> torch.Tensor:
-    """q ``[n, H, D]`` at positions prefix_len.., k/v ``[prefix_len + n, KV, D]``: dense softmax."""
-    group = q.shape[1] // k.shape[1]
-    out = torch.empty_like(q)
-    for i in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            keys = k[: prefix_len + i + 1, h // group]
-            weights = torch.softmax(keys @ q[i, h] * HEAD_DIM**-0.5, dim=0)
-            out[i, h] = weights @ v[: prefix_len + i + 1, h // group]
-    return out
-
-
-class Case:
-    """A batch of requests (prefix_len, extend_len) with random K/V for every context token,
-    the prefixes already in a shuffled page pool and the new tokens' K/V still to be stored."""
-
-    def __init__(self, lens: list[tuple[int, int]], page_size: int, heads: int, kv_heads: int, seed: int = 0) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.lens, self.page_size = lens, page_size
-        pages_per_req = [-(-(p + e) // page_size) for p, e in lens]
-        num_pages = sum(pages_per_req) + 3
-        order = list(range(num_pages))
-        random.Random(seed).shuffle(order)
-        self.page_table = torch.zeros(len(lens), max(pages_per_req), dtype=torch.int32)
-        for b, n in enumerate(pages_per_req):
-            self.page_table[b, :n] = torch.tensor([order.pop() for _ in range(n)])
-        shape = (num_pages, page_size, kv_heads, HEAD_DIM)
-        # unwritten rows hold noise, so reading a wrong row changes the result
-        self.k_cache = torch.randn(shape, generator=gen, dtype=torch.float64)
-        self.v_cache = torch.randn(shape, generator=gen, dtype=torch.float64)
-        self.k = [torch.randn(p + e, kv_heads, HEAD_DIM, generator=gen, dtype=torch.float64) for p, e in lens]
-        self.v = [torch.randn(p + e, kv_heads, HEAD_DIM, generator=gen, dtype=torch.float64) for p, e in lens]
-        self.q = [torch.randn(e, heads, HEAD_DIM, generator=gen, dtype=torch.float64) for _, e in lens]
-        for b, (prefix, _) in enumerate(lens):
-            for t in range(prefix):
-                page = self.page_table[b, t // page_size]
-                self.k_cache[page, t % page_size] = self.k[b][t]
-                self.v_cache[page, t % page_size] = self.v[b][t]
-
-    def run(self) -> torch.Tensor:
-        prefix = torch.tensor([p for p, _ in self.lens])
-        extend = torch.tensor([e for _, e in self.lens])
-        meta = build_attention_metadata(self.page_table, prefix, extend, self.page_size)
-        new_k = torch.cat([k[p:] for k, (p, _) in zip(self.k, self.lens)])
-        new_v = torch.cat([v[p:] for v, (p, _) in zip(self.v, self.lens)])
-        store_kv(self.k_cache, self.v_cache, meta.slot_mapping, new_k, new_v)
-        return paged_attention(torch.cat(self.q), self.k_cache, self.v_cache, meta, HEAD_DIM**-0.5)
-
-    def expected(self) -> torch.Tensor:
-        return torch.cat([naive_attention(q, k, v, p) for q, k, v, (p, _) in zip(self.q, self.k, self.v, self.lens)])
-
+from paged_case import Case
 
 BATCHES = {
     "prefill": [(0, 7)],
@@ -92,6 +34,12 @@ def test_new_kv_lands_in_its_pages(page_size: int) -> None:
             page = case.page_table[b, t // page_size]
             assert torch.equal(case.k_cache[page, t % page_size], case.k[b][t])
             assert torch.equal(case.v_cache[page, t % page_size], case.v[b][t])
+
+
+def test_metadata_without_gathered_rows_is_refused() -> None:
+    case = Case(BATCHES["mixed"], 16, 4, 2)
+    with pytest.raises(ValueError, match="gather_rows"):
+        case.run(gather_rows=False)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])

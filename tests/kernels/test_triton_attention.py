@@ -1,0 +1,68 @@
+"""The Triton kernels against the torch reference on float32 inputs: natively on a GPU, on
+Triton's interpreter over CPU tensors otherwise (tests/kernels/conftest.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_case import Case
+
+triton = pytest.importorskip("triton")
+
+from radixcluster.kernels.attention import store_kv  # noqa: E402
+from radixcluster.kernels.triton_attention import decode_splits, triton_paged_attention  # noqa: E402
+from radixcluster.kernels.triton_kv_store import triton_store_kv  # noqa: E402
+
+HEAD_DIM = 64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BATCHES = {
+    "prefill-two-query-blocks": [(0, 70)],
+    "prefix-inside-page": [(5, 9)],
+    "prefix-on-page-boundary": [(16, 3), (64, 20)],
+    "decodes-several-splits": [(300, 1), (3, 1), (0, 1), (140, 1)],
+    "mixed": [(0, 9), (17, 1), (16, 12), (5, 1), (131, 2)],
+}
+
+
+def case(name: str, page_size: int, heads: int, kv_heads: int) -> Case:
+    return Case(BATCHES[name], page_size, heads, kv_heads, head_dim=HEAD_DIM, dtype=torch.float32, device=DEVICE)
+
+
+def run_triton(c: Case) -> torch.Tensor:
+    return c.run(triton_store_kv, triton_paged_attention, gather_rows=False)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", sorted(BATCHES))
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4)])
+def test_matches_the_torch_reference(name: str, page_size: int, heads: int, kv_heads: int) -> None:
+    expected = case(name, page_size, heads, kv_heads).run()
+    torch.testing.assert_close(run_triton(case(name, page_size, heads, kv_heads)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_long_decodes_are_split() -> None:
+    lens = BATCHES["decodes-several-splits"]
+    assert decode_splits(max(p for p, _ in lens) + 1, len(lens), 3) > 1
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_corrupted_page_table_changes_the_result(page_size: int) -> None:
+    c = Case([(40, 3), (33, 1)], page_size, 9, 3, head_dim=HEAD_DIM, dtype=torch.float32, device=DEVICE)
+    spare = next(page for page in range(c.k_cache.shape[0]) if page not in c.page_table)
+    expected = c.expected()
+    c.page_table[:, 0] = spare  # a page of noise instead of each request's first page
+    assert not torch.allclose(run_triton(c), expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_kv_store_writes_exactly_the_reference_rows(page_size: int) -> None:
+    ours, ref = (case("mixed", page_size, 9, 3) for _ in range(2))
+    meta = ours.metadata(gather_rows=False)
+    new_k, new_v = ours.new_kv()
+    # V as the QKV projection leaves it: a strided view of a wider row
+    fused = torch.cat([new_k.flatten(1), new_v.flatten(1)], dim=1)
+    strided_v = fused[:, new_k[0].numel() :].view_as(new_v)
+    assert not strided_v.is_contiguous()
+    triton_store_kv(ours.k_cache, ours.v_cache, meta.slot_mapping, new_k, strided_v)
+    store_kv(ref.k_cache, ref.v_cache, meta.slot_mapping, new_k, new_v)
+    assert torch.equal(ours.k_cache, ref.k_cache) and torch.equal(ours.v_cache, ref.v_cache)
