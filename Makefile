@@ -18,6 +18,6 @@ serve: install
 	$(VENV)/bin/radixcluster up $(ARGS)
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 .PHONY: install serve test

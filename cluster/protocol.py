@@ -110,7 +110,6 @@ class RequestOutput:
     output_logprobs: list[list[Any]] = field(default_factory=list)
     # prompt tokens from logprob_start_len on: [logprob or None, token id]
     input_logprobs: list[list[Any]] = field(default_factory=list)
-    prompt_text: str | None = None
     error: str | None = None
     status: int = 200
 
