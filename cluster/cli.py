@@ -1,10 +1,12 @@
-"""The `radixcluster` command: `up` serves over HTTP, `generate` runs one prompt offline."""
+"""The `radixcluster` command: `up` serves over HTTP, `generate` runs one prompt offline,
+`bench` measures a live server."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from radixcluster.bench_cli import add_bench_args
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.server_args import add_cli_args, server_args_from_namespace
@@ -21,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    bench = sub.add_parser("bench", help="benchmark a live server (throughput, latency, prefix reuse)")
+    add_bench_args(bench)
     return parser
 
 
@@ -32,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
             configure_logging(ns.log_level)
             return launch(server_args_from_namespace(ns))
+        if ns.command == "bench":
+            from radixcluster.bench_cli import main as bench_main
+
+            return bench_main(ns)
         from radixcluster.offline import generate
 
         print(generate(ns.prompt, ns.model_path, ns.max_new_tokens, ns.temperature, chat=not ns.raw))
