@@ -85,7 +85,8 @@ def test_the_second_request_reuses_the_first_ones_prefix(router, runner):
     shared = next(iter(first.values()))[-1].prompt_tokens - 6
     assert next(iter(second.values()))[-1].cached_tokens >= shared
     info = router.submit(ControlRequest(cid="c", kind="cache_info"))[0].payload
-    assert info["cache_hits"] == 1 and info["total_requests"] == 2
+    assert info["cache_hits"] == 1 and info["total_requests"] == 2 and info["hit_rate"] == 0.5
+    assert 0 < info["token_hit_rate"] < 1
 
 
 @pytest.mark.parametrize(
