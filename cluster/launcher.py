@@ -162,10 +162,12 @@ class Launcher:
 
         args = self.args
         self.plan = plan = make_plan(args)
-        logger.warning(
-            "serving %s on %s (%s), tp %d, radix cache %s, KV pool %d tokens",
-            plan.served_model_name, plan.device, plan.dtype, args.tp_size,
-            "disabled" if args.disable_radix_cache else "enabled", plan.num_pages * args.page_size,
+        cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
+        print(
+            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
+            f"KV pool {plan.num_pages * args.page_size} tokens; radix cache {cache}",
+            file=sys.stderr,
+            flush=True,
         )
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=os.cpu_count() or 1)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
