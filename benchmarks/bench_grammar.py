@@ -27,7 +27,7 @@ from radixcluster.router.grammar import GrammarCache
 from radixcluster.router.request import Request
 from radixcluster.router.router_process import Router, RouterConfig
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
-from radixcluster.router.tokenizer import Tokenizer, load_tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
 SCHEMA = {
     "type": "object",

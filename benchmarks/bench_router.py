@@ -11,8 +11,8 @@ import time
 import numpy as np
 
 from radixcluster.protocol import SamplingParams, StepResult
-from radixcluster.router.page_allocator import PageAllocator
-from radixcluster.router.radix_tree import RadixTree
+from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.radix_tree import RadixTree
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 

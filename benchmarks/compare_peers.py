@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import peer_servers as peers
-from radixcluster.bench_cli import add_bench_args, build_workload, load_bench_tokenizer, run_bench
-from radixcluster.bench_client import RequestRecord
-from radixcluster.bench_report import load_results, plot, summarize, write_json
+from radixcluster.bench.cli import add_bench_args, build_workload, load_bench_tokenizer, run_bench
+from radixcluster.bench.client import RequestRecord
+from radixcluster.bench.report import load_results, plot, summarize, write_json
 from radixcluster.model_path import embedded_model_path
 
 CONFIGS = ("radixcluster", "radixcluster-no-cache", "vllm-prefix-caching", "vllm-no-prefix-caching", "hf-static-batch")

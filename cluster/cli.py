@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixcluster.bench_cli import add_bench_args
+from radixcluster.bench.cli import add_bench_args
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.server_args import add_cli_args, server_args_from_namespace
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             configure_logging(ns.log_level)
             return launch(server_args_from_namespace(ns))
         if ns.command == "bench":
-            from radixcluster.bench_cli import main as bench_main
+            from radixcluster.bench.cli import main as bench_main
 
             return bench_main(ns)
         from radixcluster.offline import generate

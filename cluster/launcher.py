@@ -157,7 +157,7 @@ class Launcher:
 
     def _start(self) -> None:
         from radixcluster import ray_cluster
-        from radixcluster.router.api_server import ApiConfig, run_api_server
+        from radixcluster.router.api.server import ApiConfig, run_api_server
         from radixcluster.router.router_process import RouterAddresses, run_router
 
         args = self.args

@@ -14,7 +14,7 @@ import numpy as np
 import xgrammar as xgr
 
 from radixcluster.protocol import SamplingParams
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from radixcluster.router.request import Request

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
-from radixcluster.router.detokenizer import IncrementalDetokenizer, StopChecker
-from radixcluster.router.prompt_memo import PromptMemo
+from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
+from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.request import Request
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)

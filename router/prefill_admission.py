@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from radixcluster.router.cache_manager import CacheManager
+from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.request import Request
 from radixcluster.router.schedule_policy import InBatchDedup, SchedulePolicy
 

@@ -7,9 +7,9 @@ import numpy as np
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.grammar import GrammarCache, GrammarError
-from radixcluster.router.prompt_memo import PromptMemo
+from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.request import Request
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer
 
 
 class RequestRejected(ValueError):

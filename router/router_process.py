@@ -29,7 +29,7 @@ from radixcluster.protocol import (
 from radixcluster.router.output_streams import OutputStreams
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
-from radixcluster.router.tokenizer import load_tokenizer
+from radixcluster.router.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixcluster.router.cache_manager import CacheManager
-from radixcluster.router.page_allocator import PageAllocator
-from radixcluster.router.radix_tree import RadixTree, TreeNode
+from radixcluster.router.cache.cache_manager import CacheManager
+from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.radix_tree import RadixTree, TreeNode
 from radixcluster.router.request import Request
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")

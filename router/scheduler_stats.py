@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from radixcluster.router.cache_manager import CacheManager
-from radixcluster.router.radix_tree import check
+from radixcluster.router.cache.cache_manager import CacheManager
+from radixcluster.router.cache.radix_tree import check
 from radixcluster.router.request import Request
 
 CACHE_INFO_KEYS = (

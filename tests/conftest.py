@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import ServerHandle, launch_server
+from support.servers import ServerHandle, launch_server
 
 # Tests share 2 cores; torch's default of one thread per core is right, but never more.
 os.environ.setdefault("OMP_NUM_THREADS", "2")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_checks import CHART, Helm, by_kind, container, manifest_errors, one
-from helm_binary import helm_binary
+from support.chart_checks import CHART, Helm, by_kind, container, manifest_errors, one
+from support.helm_binary import helm_binary
 
 from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_checks import REPO
+from support.chart_checks import REPO
 
 from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
 

@@ -9,10 +9,10 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from chart_checks import CHART, REPO
+from support.chart_checks import CHART, REPO
 from prometheus_client.parser import text_string_to_metric_families
 
-from radixcluster.router import api_metrics
+from radixcluster.router.api import metrics as api_metrics
 
 DASHBOARD = REPO / "deploy" / "grafana" / "radixcluster-dashboard.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 import requests
-from api_helpers import TIMEOUT_S, assert_error
-from servers import launch_server
+from support.api_helpers import TIMEOUT_S, assert_error
+from support.servers import launch_server
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from api_helpers import TIMEOUT_S, assert_error, generate, post
+from support.api_helpers import TIMEOUT_S, assert_error, generate, post
 
 pytestmark = pytest.mark.slow
 

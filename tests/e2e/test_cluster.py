@@ -13,8 +13,8 @@ import pytest
 import requests
 import torch
 
-from api_helpers import generate, get, post, sse_events
-from servers import free_port, launch_server, radixcluster_command
+from support.api_helpers import generate, get, post, sse_events
+from support.servers import free_port, launch_server, radixcluster_command
 from radixcluster.process_tree import descendants, is_running
 
 pytestmark = pytest.mark.slow

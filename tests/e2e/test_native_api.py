@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from api_helpers import GREEDY, TIMEOUT_S, generate, get, metric_value, post, sse_events, wait_idle
+from support.api_helpers import GREEDY, TIMEOUT_S, generate, get, metric_value, post, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from api_helpers import generate
-from servers import free_port, launch_server, radixcluster_command
+from support.api_helpers import generate
+from support.servers import free_port, launch_server, radixcluster_command
 
 pytestmark = pytest.mark.slow
 

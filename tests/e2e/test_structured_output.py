@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 import requests
-from api_helpers import assert_error, generate, post
+from support.api_helpers import assert_error, generate, post
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paged_case import Case
+from support.paged_case import Case
 
 BATCHES = {
     "prefill": [(0, 7)],

@@ -20,7 +20,7 @@ from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: 
 from radixcluster.worker.weights import iter_weights  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
-from paged_batches import Extend, PageBook  # noqa: E402
+from support.paged_batches import Extend, PageBook  # noqa: E402
 
 # Triton runs natively on a GPU, on its interpreter over CPU tensors otherwise (conftest.py)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

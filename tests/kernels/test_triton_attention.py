@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_case import Case
+from support.paged_case import Case
 
 triton = pytest.importorskip("triton")
 

@@ -20,6 +20,6 @@ def backend(server) -> Iterator[sgl.RuntimeEndpoint]:
 
 @pytest.fixture(scope="session")
 def tokenizer(model_path: Path):
-    from radixcluster.router.tokenizer import load_tokenizer
+    from radixcluster.router.text.tokenizer import load_tokenizer
 
     return load_tokenizer(model_path)

@@ -8,13 +8,13 @@ import re
 
 import numpy as np
 import pytest
-from stand_in_executor import StandInExecutor, reference_generate
+from support.stand_in_executor import StandInExecutor, reference_generate
 
 from radixcluster.protocol import ForwardBatch, SamplingParams, StepResult
 from radixcluster.router.grammar import GrammarCache, GrammarError, RequestGrammar, build_vocab_mask
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
-from radixcluster.router.tokenizer import Tokenizer, load_tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
 VOCAB = 49152  # SmolLM2's logits
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"

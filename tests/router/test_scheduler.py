@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stand_in_executor import StandInExecutor, next_token, reference_generate
+from support.stand_in_executor import StandInExecutor, next_token, reference_generate
 
 from radixcluster.protocol import SamplingParams, StepResult
 from radixcluster.router.request import Request

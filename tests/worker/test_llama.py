@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from paged_batches import Extend, PageBook
+from support.paged_batches import Extend, PageBook
 
 from radixcluster.model_config import load_model_config
 from radixcluster.worker.llama import LlamaForCausalLM

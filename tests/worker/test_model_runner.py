@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from paged_batches import Extend, PageBook
+from support.paged_batches import Extend, PageBook
 
 from radixcluster.protocol import StepResult, decode, encode
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig

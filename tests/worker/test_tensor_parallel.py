@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from paged_batches import Extend, PageBook
+from support.paged_batches import Extend, PageBook
 
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from radixcluster.worker.parallel import init_tensor_parallel

@@ -10,8 +10,8 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from radixcluster.model_path import ModelPathError
-from radixcluster.router.chat_template import render_chat_template
-from radixcluster.router.gguf_tokenizer import load_gguf_tokenizer
+from radixcluster.router.text.chat_template import render_chat_template
+from radixcluster.router.text.gguf_tokenizer import load_gguf_tokenizer
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer
 
 WORKLOADS = ("shared-prefix", "multi-turn", "few-shot", "fork", "random")
 _WORD = re.compile(r"Ġ[a-z]{3,}")

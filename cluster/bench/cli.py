@@ -7,11 +7,11 @@ import argparse
 import asyncio
 from typing import Any
 
-from radixcluster import bench_workloads as wl
-from radixcluster.bench_client import BACKENDS, BenchClient, RequestRecord, run_workload
-from radixcluster.bench_report import format_table, load_results, plot, summarize, write_json
+from radixcluster.bench import workloads as wl
+from radixcluster.bench.client import BACKENDS, BenchClient, RequestRecord, run_workload
+from radixcluster.bench.report import format_table, load_results, plot, summarize, write_json
 from radixcluster.model_path import resolve_model_path
-from radixcluster.router.tokenizer import Tokenizer, load_tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
 WARMUP_TOKENS = 16
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from radixcluster.bench_client import RequestRecord
-from radixcluster.bench_workloads import ideal_cached_tokens
+from radixcluster.bench.client import RequestRecord
+from radixcluster.bench.workloads import ideal_cached_tokens
 
 PERCENTILES = (50, 90, 99)
 

@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixcluster.router.eviction_heap import EvictionHeap
-from radixcluster.router.page_allocator import PageAllocator
+from radixcluster.router.cache.eviction_heap import EvictionHeap
+from radixcluster.router.cache.page_allocator import PageAllocator
 
 
 class TreeNode:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from radixcluster.router.api_metrics import ApiMetrics
-from radixcluster.router.router_client import RouterClient
+from radixcluster.router.api.metrics import ApiMetrics
+from radixcluster.router.api.router_client import RouterClient
 
 
 @dataclass(slots=True)

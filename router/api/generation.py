@@ -15,9 +15,9 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
-from radixcluster.router.api_errors import ApiError, error_body
-from radixcluster.router.api_metrics import ApiMetrics
-from radixcluster.router.router_client import RouterClient
+from radixcluster.router.api.errors import ApiError, error_body
+from radixcluster.router.api.metrics import ApiMetrics
+from radixcluster.router.api.router_client import RouterClient
 
 T = TypeVar("T")
 

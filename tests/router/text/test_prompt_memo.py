@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixcluster.router.prompt_memo import PromptMemo
+from radixcluster.router.text.prompt_memo import PromptMemo
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixcluster.router.api_schemas import SamplingParamsIn, TokenId
+from radixcluster.router.api.native_schemas import SamplingParamsIn, TokenId
 
 # OpenAI's chat has no default cap; a bounded one keeps a forgotten max_tokens from running
 # to the end of the context.

@@ -12,12 +12,12 @@ from fastapi.responses import JSONResponse
 
 from radixcluster import __version__
 from radixcluster.protocol import GenerateRequest, SamplingParams
-from radixcluster.router.api_context import ApiContext
-from radixcluster.router.api_errors import ApiError, error_response, read_json
-from radixcluster.router.api_generation import Generation, collect, merge, run_generation, start_stream
-from radixcluster.router.api_metrics import CONTENT_TYPE
-from radixcluster.router.api_schemas import GenerateIn
-from radixcluster.router.router_client import RouterError, RouterUnavailable
+from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.errors import ApiError, error_response, read_json
+from radixcluster.router.api.generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api.metrics import CONTENT_TYPE
+from radixcluster.router.api.native_schemas import GenerateIn
+from radixcluster.router.api.router_client import RouterError, RouterUnavailable
 
 HEALTH_TIMEOUT_S = 2.0
 HEALTH_GENERATE_TIMEOUT_S = 20.0

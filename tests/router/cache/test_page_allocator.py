@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixcluster.router.page_allocator import PageAllocator
+from radixcluster.router.cache.page_allocator import PageAllocator
 
 
 def test_alloc_is_deterministic_and_reuses_freed_pages_first() -> None:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixcluster.router.detokenizer import IncrementalDetokenizer, StopChecker
-from radixcluster.router.tokenizer import Tokenizer, load_tokenizer
+from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
 TEXTS = [
     "你是一个资深Python工程师，请回答以下问题：\n\n如何实现一个LRU缓存？",

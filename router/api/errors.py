@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixcluster.router.router_client import DuplicateRequestId, RouterError, RouterUnavailable
+from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
-from radixcluster.router.api_context import ApiConfig, ApiContext
-from radixcluster.router.api_errors import error_response, install_error_handlers
-from radixcluster.router.native_api import native_routes
-from radixcluster.router.openai_api import openai_routes
-from radixcluster.router.router_client import RouterClient
+from radixcluster.router.api.context import ApiConfig, ApiContext
+from radixcluster.router.api.errors import error_response, install_error_handlers
+from radixcluster.router.api.native_routes import native_routes
+from radixcluster.router.api.openai_routes import openai_routes
+from radixcluster.router.api.router_client import RouterClient
 
 __all__ = ["ApiConfig", "create_app", "run_api_server"]
 

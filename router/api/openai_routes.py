@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster.protocol import GenerateRequest
-from radixcluster.router.api_context import ApiContext
-from radixcluster.router.api_errors import read_json
-from radixcluster.router.api_generation import Generation, collect, merge, run_generation, start_stream
-from radixcluster.router.api_schemas import derive_rids
-from radixcluster.router.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
+from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.errors import read_json
+from radixcluster.router.api.generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api.native_schemas import derive_rids
+from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from radixcluster.router.page_allocator import PageAllocator
-from radixcluster.router.radix_tree import MatchResult, RadixTree
+from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.radix_tree import MatchResult, RadixTree
 from radixcluster.router.request import Request
 
 

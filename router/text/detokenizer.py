@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.router.text.tokenizer import Tokenizer
 
 INCOMPLETE = "\ufffd"  # what a partial UTF-8 sequence decodes to
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from radixcluster.bench_workloads import Workload
-from radixcluster.router.tokenizer import Tokenizer
+from radixcluster.bench.workloads import Workload
+from radixcluster.router.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from gguf import GGUFValueType as T
 from gguf import GGUFWriter
 
 from radixcluster.model_path import ModelPathError
-from radixcluster.router.detokenizer import IncrementalDetokenizer
-from radixcluster.router.tokenizer import Tokenizer, load_tokenizer
+from radixcluster.router.text.detokenizer import IncrementalDetokenizer
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
 TEXTS = [
     "Hello, world! How are you today?",

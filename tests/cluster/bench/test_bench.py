@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcluster.bench_workloads import ideal_cached_tokens
-from servers import launch_server, radixcluster_command
+from radixcluster.bench.workloads import ideal_cached_tokens
+from support.servers import launch_server, radixcluster_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

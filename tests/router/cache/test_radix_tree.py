@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixcluster.router.page_allocator import PageAllocator
-from radixcluster.router.radix_tree import RadixTree, TreeNode
+from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.radix_tree import RadixTree, TreeNode
 
 POOL = 300
 

@@ -1,0 +1,1 @@
+"""The radix cache: the tree over token ids, its eviction heap, the KV page allocator, the slot pool, and the request-level bookkeeping over them."""
