@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from radixcluster.bench.cli import add_bench_args
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.server_args import add_cli_args, server_args_from_namespace
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
+    """The bench client is imported only for `radixcluster bench`: `up` never pays for it."""
     parser = argparse.ArgumentParser(prog="radixcluster", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
@@ -24,12 +24,16 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     bench = sub.add_parser("bench", help="benchmark a live server (throughput, latency, prefix reuse)")
-    add_bench_args(bench)
+    if with_bench_args:
+        from radixcluster.bench.cli import add_bench_args
+
+        add_bench_args(bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    ns = _parser(with_bench_args=argv[:1] == ["bench"]).parse_args(argv)
     try:
         if ns.command == "up":
             from radixcluster.launcher import configure_logging, launch

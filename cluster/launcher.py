@@ -9,15 +9,11 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-from radixcluster.model_config import ModelConfig, load_model_config
-from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.process_tree import descendants, kill_survivors
+from radixcluster.replica_plan import Plan, make_plan
 from radixcluster.server_args import ServerArgs
 
 logger = logging.getLogger("radixcluster")
@@ -25,81 +21,6 @@ logger = logging.getLogger("radixcluster")
 API_GRACE_S = 30  # in-flight requests get this long to finish after SIGTERM
 STOP_GRACE_S = 15
 SURVIVOR_GRACE_S = 3
-
-
-@dataclass(slots=True)
-class Plan:
-    """What every process needs to agree on, decided once here."""
-
-    model_path: Path
-    model_config: ModelConfig
-    served_model_name: str
-    device: str
-    dtype: str
-    num_pages: int
-    context_length: int
-    runtime_dir: str
-
-    def address(self, name: str) -> str:
-        return f"ipc://{self.runtime_dir}/{name}"
-
-
-def _device(requested: str) -> str:
-    import torch
-
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but no CUDA device is visible")
-    return requested
-
-
-def _memory_bytes(device: str) -> int:
-    if device == "cuda":
-        import torch
-
-        return torch.cuda.mem_get_info()[1]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
-    embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-    return (cfg.num_layers * (attn + mlp) + embed) * dtype_bytes
-
-
-def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int) -> int:
-    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of the
-    memory holds after the weights (on CPU all ranks share one RAM)."""
-    if args.max_total_tokens is not None:
-        return args.max_total_tokens // args.page_size
-    fraction = args.mem_fraction_static or (0.85 if device == "cuda" else 0.2)
-    ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
-    budget = fraction * _memory_bytes(device) / ranks_sharing_memory - _weight_bytes(cfg, dtype_bytes) / args.tp_size
-    tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
-    if tokens < args.page_size * 2:
-        raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
-    return tokens // args.page_size
-
-
-def make_plan(args: ServerArgs) -> Plan:
-    path = resolve_model_path(args.model_path)
-    cfg = load_model_config(path)
-    device = _device(args.device)
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
-    context = args.context_length or cfg.max_position_embeddings
-    num_pages = plan_kv_pages(args, cfg, device, 4 if dtype == "float32" else 2)
-    return Plan(
-        model_path=path,
-        model_config=cfg,
-        served_model_name=args.served_model_name or served_model_name(path),
-        device=device,
-        dtype=dtype,
-        num_pages=num_pages,
-        context_length=context,
-        runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
-    )
 
 
 def _start_process(target, *args) -> mp.Process:

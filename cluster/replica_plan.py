@@ -1,0 +1,105 @@
+"""What every process of one replica must agree on, decided once before anything starts: the
+device, the dtype, the context length and the KV pool's size in pages.
+
+The sizing is pure (memory is an argument), so it is unit-tested; ``make_plan`` reads the
+machine and the model once and calls it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixcluster.model_config import ModelConfig, load_model_config
+from radixcluster.model_path import resolve_model_path, served_model_name
+from radixcluster.server_args import ServerArgs
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# share of memory for weights + KV when --mem-fraction-static is not given: a GPU is ours alone;
+# a CPU host's RAM is shared with the router, the api, Ray and the operating system
+DEFAULT_MEM_FRACTION = {"cuda": 0.85, "cpu": 0.2}
+
+
+@dataclass(slots=True)
+class Plan:
+    """What every process needs to agree on."""
+
+    model_path: Path
+    model_config: ModelConfig
+    served_model_name: str
+    device: str
+    dtype: str
+    num_pages: int
+    context_length: int
+    runtime_dir: str
+
+    def address(self, name: str) -> str:
+        return f"ipc://{self.runtime_dir}/{name}"
+
+
+def choose_dtype(requested: str, device: str) -> str:
+    """``auto`` is float32 on CPU (exact against the reference) and bfloat16 on GPU."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the model's weights (all ranks together)."""
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
+    embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    return (cfg.num_layers * (attn + mlp) + embed) * dtype_bytes
+
+
+def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> int:
+    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
+    ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
+    weights."""
+    if args.max_total_tokens is not None:
+        return args.max_total_tokens // args.page_size
+    fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
+    ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
+    budget = fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
+    tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
+    if tokens < args.page_size * 2:
+        raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
+    return tokens // args.page_size
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is visible")
+    return requested
+
+
+def memory_bytes(device: str) -> int:
+    """One GPU's memory, or the host's RAM."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def make_plan(args: ServerArgs) -> Plan:
+    path = resolve_model_path(args.model_path)
+    cfg = load_model_config(path)
+    device = resolve_device(args.device)
+    dtype = choose_dtype(args.dtype, device)
+    return Plan(
+        model_path=path,
+        model_config=cfg,
+        served_model_name=args.served_model_name or served_model_name(path),
+        device=device,
+        dtype=dtype,
+        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory_bytes(device)),
+        context_length=args.context_length or cfg.max_position_embeddings,
+        runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
+    )

@@ -1,0 +1,63 @@
+"""Sizing a replica: dtype by device, weights, and KV pages from memory (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcluster.model_config import load_model_config
+from radixcluster.replica_plan import DTYPE_BYTES, choose_dtype, plan_kv_pages, weight_bytes
+from radixcluster.server_args import ServerArgs
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def cfg(model_path):
+    return load_model_config(model_path)
+
+
+def test_dtype_auto_is_exact_on_cpu_and_fast_on_gpu():
+    assert choose_dtype("auto", "cpu") == "float32"
+    assert choose_dtype("auto", "cuda") == "bfloat16"
+    assert choose_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+def test_weight_bytes_count_every_parameter_of_smollm2(cfg):
+    # 30 layers x 3,538,944 linear parameters + a tied 49,152 x 576 embedding
+    assert weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+
+
+def test_cpu_pool_is_a_fifth_of_ram_after_the_weights(cfg):
+    # 0.2 x 4 GiB - 538 MB of fp32 weights, at 46,080 bytes of K and V per token
+    assert plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 4 * GIB) == 6967
+    assert plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB) == 62891
+
+
+def test_pages_hold_tokens_of_the_page_size(cfg):
+    tokens = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 8 * GIB)
+    assert plan_kv_pages(ServerArgs(page_size=16), cfg, "cpu", 4, 8 * GIB) == tokens // 16
+
+
+def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
+    one = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+    three = plan_kv_pages(ServerArgs(tp_size=3), cfg, "cpu", 4, 16 * GIB)
+    assert three == one  # each CPU rank gets a third of the RAM for a third of the weights and KV heads
+    gpu_one = plan_kv_pages(ServerArgs(), cfg, "cuda", 2, 16 * GIB)
+    gpu_three = plan_kv_pages(ServerArgs(tp_size=3), cfg, "cuda", 2, 16 * GIB)
+    assert gpu_three > gpu_one  # every GPU holds a shard of the weights and a third of the heads
+
+
+def test_max_total_tokens_overrides_memory(cfg):
+    args = ServerArgs(max_total_tokens=3000, page_size=16)
+    assert plan_kv_pages(args, cfg, "cpu", 4, 1 * GIB) == 3000 // 16
+
+
+def test_bf16_holds_twice_the_tokens_per_byte(cfg):
+    fp32 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB)
+    bf16 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["bfloat16"], 8 * GIB)
+    assert bf16 > 2 * fp32  # the weights shrink too
+
+
+def test_no_room_after_the_weights_says_so(cfg):
+    with pytest.raises(ValueError, match="no room for a KV cache"):
+        plan_kv_pages(ServerArgs(mem_fraction_static=0.1), cfg, "cpu", 4, 2 * GIB)
