@@ -38,7 +38,11 @@ class Pair:
         path = embedded_model_path()
         self.hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
         config = RunnerConfig(
-            model_path=path, num_pages=max_batch * max_context // 16 + 1, page_size=16, max_slots=max_batch, max_context_len=max_context
+            model_path=path,
+            num_pages=max_batch * max_context // 16 + 1,
+            page_size=16,
+            max_slots=max_batch,
+            max_context_len=max_context,
         )
         self.ours = ModelRunner(config, weights=self.hf.state_dict().items())
         self.vocab = self.hf.config.vocab_size
@@ -53,7 +57,7 @@ class Pair:
         for _ in range(repeats):
             hf_times.append(timed(lambda: self.hf(ids)))
             batch = PageBook(16, self.ours.config.num_pages).batch([Extend(0, ids[0].tolist(), 0)])
-            our_times.append(timed(lambda: self.ours.forward(batch)))
+            our_times.append(timed(lambda batch=batch: self.ours.forward(batch)))
         return statistics.median(hf_times), statistics.median(our_times)
 
     def decode(self, batch: int, context: int, steps: int) -> tuple[float, float]:
@@ -92,7 +96,9 @@ def main() -> None:
         for batch in (1, 16):
             hf, ours = pair.decode(batch, args.context, args.decode_steps)
             rows.append((f"decode batch {batch} (steps/s)", 1 / hf, 1 / ours))
-    print(f"torch threads: {torch.get_num_threads()}, dtype float32, median of {args.repeats} prefills / {args.decode_steps} steps")
+    print(
+        f"torch threads: {torch.get_num_threads()}, dtype float32, median of {args.repeats} prefills / {args.decode_steps} steps"
+    )
     print(f"{'':32} {'transformers':>13} {'ours':>10} {'ours/hf':>8}")
     for name, hf_rate, our_rate in rows:
         print(f"{name:32} {hf_rate:13.2f} {our_rate:10.2f} {our_rate / hf_rate:8.2f}")

@@ -36,12 +36,22 @@ SCHEMA = {
         "age": {"type": "integer", "minimum": 18, "maximum": 99},
         "role": {"enum": ["admin", "editor", "guest"]},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 4},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["city", "zip"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "required": ["city", "zip"],
+        },
     },
     "required": ["name", "age", "role", "tags", "address"],
 }
 # a valid document in the schema's compact layout: the token stream both router runs follow
-DOCUMENT = {"name": "Ada Lovelace", "age": 36, "role": "editor", "tags": ["math", "poetry", "engines"], "address": {"city": "London", "zip": "10001"}}
+DOCUMENT = {
+    "name": "Ada Lovelace",
+    "age": 36,
+    "role": "editor",
+    "tags": ["math", "poetry", "engines"],
+    "address": {"city": "London", "zip": "10001"},
+}
 
 
 def forced_executor(stream: list[int]):
@@ -56,10 +66,22 @@ def forced_executor(stream: list[int]):
 
 def router_steps(tokenizer: Tokenizer, grammars: GrammarCache | None, batch: int, stream: list[int]) -> float:
     """Mean seconds of schedule() + process_result() over the decode steps of one batch."""
-    s = Scheduler(SchedulerConfig(num_pages=65536, page_size=1, max_running_requests=batch, chunked_prefill_size=65536, max_context_len=4096))
-    sp = SamplingParams(max_new_tokens=len(stream) - 1, ignore_eos=True, json_schema=json.dumps(SCHEMA) if grammars else None)
+    s = Scheduler(
+        SchedulerConfig(
+            num_pages=65536, page_size=1, max_running_requests=batch, chunked_prefill_size=65536, max_context_len=4096
+        )
+    )
+    sp = SamplingParams(
+        max_new_tokens=len(stream) - 1, ignore_eos=True, json_schema=json.dumps(SCHEMA) if grammars else None
+    )
     reqs = [
-        Request(f"r{i}", np.arange(3 + i, 67 + i, dtype=np.int32), sp, tokenizer.eos_token_ids, grammar=grammars.for_request(sp) if grammars else None)
+        Request(
+            f"r{i}",
+            np.arange(3 + i, 67 + i, dtype=np.int32),
+            sp,
+            tokenizer.eos_token_ids,
+            grammar=grammars.for_request(sp) if grammars else None,
+        )
         for i in range(batch)
     ]
     for r in reqs:
@@ -93,7 +115,9 @@ def bench_router(repeats: int) -> None:
             plain.append(router_steps(tokenizer, None, batch, stream))
             constrained.append(router_steps(tokenizer, grammars, batch, stream))
         p, c = statistics.median(plain), statistics.median(constrained)
-        print(f"| {batch} | {p * 1e6:.0f} µs | {c * 1e6:.0f} µs | {(c - p) * 1e6:.0f} µs | {(c - p) / batch * 1e6:.1f} µs |")
+        print(
+            f"| {batch} | {p * 1e6:.0f} µs | {c * 1e6:.0f} µs | {(c - p) * 1e6:.0f} µs | {(c - p) / batch * 1e6:.1f} µs |"
+        )
 
 
 def bench_mask_apply(repeats: int) -> None:
@@ -105,7 +129,9 @@ def bench_mask_apply(repeats: int) -> None:
     print(f"\nworker: apply_vocab_mask on [B, {vocab}] float32 logits (median of {repeats * 10}):")
     for batch in (1, 16, 64):
         logits = torch.randn(batch, vocab)
-        mask = torch.from_numpy(np.random.default_rng(0).integers(-(2**31), 2**31, (batch, -(-vocab // 32)), dtype=np.int32))
+        mask = torch.from_numpy(
+            np.random.default_rng(0).integers(-(2**31), 2**31, (batch, -(-vocab // 32)), dtype=np.int32)
+        )
         times = []
         for _ in range(repeats * 10):
             t0 = time.perf_counter()
@@ -119,7 +145,9 @@ def bench_model(repeats: int, batch: int = 16, new_tokens: int = 24) -> None:
 
     path = embedded_model_path()
     pages = 8192
-    runner = ModelRunner(RunnerConfig(model_path=path, num_pages=pages, page_size=1, max_slots=batch, max_context_len=2048))
+    runner = ModelRunner(
+        RunnerConfig(model_path=path, num_pages=pages, page_size=1, max_slots=batch, max_context_len=2048)
+    )
     config = RouterConfig(
         model_path=path, served_model_name="bench", num_pages=pages, page_size=1, context_length=2048,
         max_running_requests=batch, chunked_prefill_size=8192, schedule_policy="fcfs", eviction_policy="lru",

@@ -1,6 +1,6 @@
 """Router-core micro-benchmarks: RadixTree match+insert on a big tree, one 256-request decode step.
 
-    .venv/bin/python benchmarks/bench_router.py [--page-size 1]
+.venv/bin/python benchmarks/bench_router.py [--page-size 1]
 """
 
 from __future__ import annotations
@@ -52,8 +52,13 @@ def bench_match_insert(page_size: int, rounds: int) -> tuple[float, float, int]:
 
 
 def bench_decode_step(page_size: int, steps: int) -> float:
-    cfg = SchedulerConfig(num_pages=600_000 // page_size, page_size=page_size, max_running_requests=256,
-                          chunked_prefill_size=1 << 20, max_context_len=4096)
+    cfg = SchedulerConfig(
+        num_pages=600_000 // page_size,
+        page_size=page_size,
+        max_running_requests=256,
+        chunked_prefill_size=1 << 20,
+        max_context_len=4096,
+    )
     sched = Scheduler(cfg)
     rng = np.random.default_rng(1)
     for i in range(256):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import peer_servers as peers
+
 from radixcluster.bench.cli import add_bench_args, build_workload, load_bench_tokenizer, run_bench
 from radixcluster.bench.client import RequestRecord
 from radixcluster.bench.report import load_results, plot, summarize, write_json
@@ -34,7 +35,9 @@ def bench_args(workload: str, base_url: str = "", backend: str = "radixcluster",
     """The bench's defaults are PEERS.md's workload (8 groups x 4, ~620 + ~24 tokens, 32 new)."""
     parser = argparse.ArgumentParser()
     add_bench_args(parser)
-    return parser.parse_args(["--workload", workload, "--base-url", base_url, "--backend", backend, "--label", label, "--no-progress"])
+    return parser.parse_args(
+        ["--workload", workload, "--base-url", base_url, "--backend", backend, "--label", label, "--no-progress"]
+    )
 
 
 def server_spec(name: str, ns: argparse.Namespace) -> peers.ServerSpec:
@@ -43,7 +46,9 @@ def server_spec(name: str, ns: argparse.Namespace) -> peers.ServerSpec:
     if name == "radixcluster-no-cache":
         return peers.radixcluster_server(name, ns.threads, "--disable-radix-cache")
     python = peers.ensure_venv(*peers.VLLM_ENV)
-    return peers.vllm_server(name, python, hf_model_dir(ns), ns.threads, name == "vllm-prefix-caching", ns.out / "vllm-rpc")
+    return peers.vllm_server(
+        name, python, hf_model_dir(ns), ns.threads, name == "vllm-prefix-caching", ns.out / "vllm-rpc"
+    )
 
 
 def hf_model_dir(ns: argparse.Namespace) -> Path:
@@ -51,8 +56,11 @@ def hf_model_dir(ns: argparse.Namespace) -> Path:
     out = ns.out / "hf_model"
     if not (out / "config.json").exists():
         python = peers.ensure_venv(*peers.HF_ENV)
-        subprocess.run([str(python), str(peers.HERE / "hf_peer.py"), "convert", str(embedded_model_path()), str(out)],
-                       check=True, env=peers.peer_env(ns.threads))
+        subprocess.run(
+            [str(python), str(peers.HERE / "hf_peer.py"), "convert", str(embedded_model_path()), str(out)],
+            check=True,
+            env=peers.peer_env(ns.threads),
+        )
     return out
 
 
@@ -76,17 +84,39 @@ def run_hf(ns: argparse.Namespace, tokenizer) -> list[dict[str, Any]]:
     for repeat in range(ns.repeats):
         for workload_name in ns.workloads:
             workload = build_workload(bench_args(workload_name), tokenizer)
-            spec = {"output_len": workload.output_len,
-                    "conversations": [{"segments": c.segments, "after": c.after} for c in workload.conversations]}
+            spec = {
+                "output_len": workload.output_len,
+                "conversations": [{"segments": c.segments, "after": c.after} for c in workload.conversations],
+            }
             spec_path, out_path = ns.out / f"hf-{workload_name}.spec.json", ns.out / f"hf-{workload_name}.records.json"
             spec_path.write_text(json.dumps(spec))
-            subprocess.run([str(python), str(peers.HERE / "hf_peer.py"), "run", str(spec_path), str(out_path),
-                            "--gguf", str(embedded_model_path()), "--threads", str(ns.threads), "--batch-size", str(ns.hf_batch_size)],
-                           check=True, env=peers.peer_env(ns.threads))
+            subprocess.run(
+                [
+                    str(python),
+                    str(peers.HERE / "hf_peer.py"),
+                    "run",
+                    str(spec_path),
+                    str(out_path),
+                    "--gguf",
+                    str(embedded_model_path()),
+                    "--threads",
+                    str(ns.threads),
+                    "--batch-size",
+                    str(ns.hf_batch_size),
+                ],
+                check=True,
+                env=peers.peer_env(ns.threads),
+            )
             data = json.loads(out_path.read_text())
             records = [RequestRecord(**r) for r in data["records"]]
-            config = {"backend": "transformers", "workload": workload.name, **workload.params, "output_len": workload.output_len,
-                      "batch_size": ns.hf_batch_size, "repeat": repeat}
+            config = {
+                "backend": "transformers",
+                "workload": workload.name,
+                **workload.params,
+                "output_len": workload.output_len,
+                "batch_size": ns.hf_batch_size,
+                "repeat": repeat,
+            }
             result = summarize(records, data["duration_s"], "hf-static-batch", config)
             results.append(result)
             print_progress(result)
@@ -95,9 +125,12 @@ def run_hf(ns: argparse.Namespace, tokenizer) -> list[dict[str, Any]]:
 
 def print_progress(result: dict[str, Any]) -> None:
     s = result["summary"]
-    print(f"  {s['label']:<24} {result['config']['workload']:<14} repeat {result['config']['repeat']}: "
-          f"{s['output_throughput']:.1f} out tok/s, TTFT p50 {s['ttft_s']['p50'] * 1000:.0f} ms, "
-          f"cached {s['cached_ratio'] if s['cached_ratio'] is not None else '-'} (ideal {s['ideal_cached_ratio']:.3f})", flush=True)
+    print(
+        f"  {s['label']:<24} {result['config']['workload']:<14} repeat {result['config']['repeat']}: "
+        f"{s['output_throughput']:.1f} out tok/s, TTFT p50 {s['ttft_s']['p50'] * 1000:.0f} ms, "
+        f"cached {s['cached_ratio'] if s['cached_ratio'] is not None else '-'} (ideal {s['ideal_cached_ratio']:.3f})",
+        flush=True,
+    )
 
 
 def median_repeat(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,8 +150,11 @@ def _med(results: list[dict[str, Any]], *keys: str) -> float | None:
 
 
 def markdown_table(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
-    rows = ["| configuration | workload | repeats | req/s | output tok/s (min–max) | TTFT p50 ms | TTFT p99 ms "
-            "| E2E p50 s | cached ratio | ideal ratio | cached / ideal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| configuration | workload | repeats | req/s | output tok/s (min–max) | TTFT p50 ms | TTFT p99 ms "
+        "| E2E p50 s | cached ratio | ideal ratio | cached / ideal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (name, workload), results in groups.items():
         tps = [r["summary"]["output_throughput"] for r in results]
         cached, ideal = _med(results, "cached_ratio"), _med(results, "ideal_cached_ratio")
@@ -126,7 +162,8 @@ def markdown_table(groups: dict[tuple[str, str], list[dict[str, Any]]]) -> str:
             f"| {name} | {workload} | {len(results)} | {_med(results, 'request_throughput'):.2f} "
             f"| {statistics.median(tps):.1f} ({min(tps):.1f}–{max(tps):.1f}) | {_med(results, 'ttft_s', 'p50') * 1000:.0f} "
             f"| {_med(results, 'ttft_s', 'p99') * 1000:.0f} | {_med(results, 'e2e_latency_s', 'p50'):.2f} "
-            f"| {'–' if cached is None else f'{cached:.3f}'} | {ideal:.3f} | {'–' if cached is None else f'{cached / ideal:.3f}'} |")
+            f"| {'–' if cached is None else f'{cached:.3f}'} | {ideal:.3f} | {'–' if cached is None else f'{cached / ideal:.3f}'} |"
+        )
     return "\n".join(rows)
 
 
@@ -172,8 +209,10 @@ def write_report(ns: argparse.Namespace, started: str) -> None:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in load_results(saved):
         groups.setdefault((r["summary"]["label"], r["config"]["workload"]), []).append(r)
-    report = (f"last run started {started}, {ns.threads} threads per engine\n\n{markdown_table(groups)}\n\n"
-              f"{ratios(groups, ns.workloads)}\n")
+    report = (
+        f"last run started {started}, {ns.threads} threads per engine\n\n{markdown_table(groups)}\n\n"
+        f"{ratios(groups, ns.workloads)}\n"
+    )
     (ns.out / "table.md").write_text(report)
     plot([median_repeat(res) for res in groups.values()], ns.out / "compare.png")
     print(report, flush=True)

@@ -44,9 +44,9 @@ def check_kernels_against_float64() -> None:
             for page_size in (1, 16):
                 case = Case(lens, page_size, 9, 3, head_dim=64, dtype=torch.float64, device="cuda")
                 # the reference sees the inputs as rounded to dtype: only the kernels' error is left
-                _cast(case, lambda x: x.to(dtype).double())
+                _cast(case, lambda x, dtype=dtype: x.to(dtype).double())
                 expected = case.expected()
-                _cast(case, lambda x: x.to(dtype))
+                _cast(case, lambda x, dtype=dtype: x.to(dtype))
                 got = case.run(triton_store_kv, triton_paged_attention, gather_rows=False).double()
                 err = float((got - expected).abs().max())
                 assert err < TOLERANCE[dtype], f"{dtype} {lens} page {page_size}: max error {err}"
@@ -62,8 +62,20 @@ def check_server(port: int) -> None:
     texts = {}
     for backend in ("triton", "torch"):
         server = subprocess.Popen(
-            [sys.executable, "-m", "radixcluster", "up", "--device", "cuda", "--port", str(port),
-             "--attention-backend", backend, "--page-size", "16"],
+            [
+                sys.executable,
+                "-m",
+                "radixcluster",
+                "up",
+                "--device",
+                "cuda",
+                "--port",
+                str(port),
+                "--attention-backend",
+                backend,
+                "--page-size",
+                "16",
+            ],
             cwd=ROOT,
         )
         try:
@@ -71,8 +83,11 @@ def check_server(port: int) -> None:
             _wait_healthy(url)
             body = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 24}}
             texts[backend] = httpx.post(f"{url}/generate", json=body, timeout=120).json()["text"]
-            chat = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-                "model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 16})
+            chat = httpx.post(
+                f"{url}/v1/chat/completions",
+                timeout=120,
+                json={"model": "default", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 16},
+            )
             assert chat.status_code == 200, chat.text
         finally:
             server.terminate()
@@ -96,8 +111,14 @@ def _wait_healthy(url: str, timeout_s: float = 300) -> None:
 def time_steps(context: int = 512, decode_steps: int = 32) -> None:
     path = embedded_model_path()
     max_batch = 256
-    config = RunnerConfig(model_path=path, num_pages=max_batch * (context + decode_steps) // 16 + 2 * max_batch,
-                          page_size=16, max_slots=max_batch, max_context_len=context + decode_steps, device="cuda")
+    config = RunnerConfig(
+        model_path=path,
+        num_pages=max_batch * (context + decode_steps) // 16 + 2 * max_batch,
+        page_size=16,
+        max_slots=max_batch,
+        max_context_len=context + decode_steps,
+        device="cuda",
+    )
     runner = ModelRunner(config)
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     cfg = runner.model_config

@@ -58,8 +58,15 @@ def generate_batch(model, prompts: list[list[int]], output_len: int) -> tuple[li
     clock = StepClock()
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                             do_sample=False, pad_token_id=PAD_ID, stopping_criteria=[clock])
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+            pad_token_id=PAD_ID,
+            stopping_criteria=[clock],
+        )
     return out[:, width:].tolist(), clock.times, start
 
 
@@ -73,7 +80,7 @@ def run(model, spec: dict, batch_size: int) -> list[dict]:
     while len(finished) < len(convs):
         wave = [i for i, c in enumerate(convs) if i not in finished and (c["after"] is None or c["after"] in finished)]
         for b in range(0, len(wave), batch_size):
-            batch = wave[b:b + batch_size]
+            batch = wave[b : b + batch_size]
             prompts = []
             for i in batch:
                 after = convs[i]["after"]
@@ -81,11 +88,20 @@ def run(model, spec: dict, batch_size: int) -> list[dict]:
                 prompts.append(base + convs[i]["segments"][next_turn[i]])
             outputs, steps, start = generate_batch(model, prompts, spec["output_len"])
             for i, prompt, output in zip(batch, prompts, outputs):
-                records.append({
-                    "conversation": i, "turn": next_turn[i], "prompt_ids": prompt, "output_ids": output,
-                    "submit": start - t0, "ttft": steps[0] - start, "latency": steps[-1] - start,
-                    "itl": [later - early for early, later in zip(steps, steps[1:])], "cached_tokens": None, "error": None,
-                })
+                records.append(
+                    {
+                        "conversation": i,
+                        "turn": next_turn[i],
+                        "prompt_ids": prompt,
+                        "output_ids": output,
+                        "submit": start - t0,
+                        "ttft": steps[0] - start,
+                        "latency": steps[-1] - start,
+                        "itl": [later - early for early, later in zip(steps, steps[1:])],
+                        "cached_tokens": None,
+                        "error": None,
+                    }
+                )
                 contexts[i] = prompt + output
                 next_turn[i] += 1
                 if next_turn[i] == len(convs[i]["segments"]):

@@ -52,7 +52,12 @@ def free_port() -> int:
 
 def peer_env(threads: int) -> dict[str, str]:
     """The same compute threads for every engine."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 @dataclass(slots=True)
@@ -67,7 +72,15 @@ class ServerSpec:
 
 
 def radixcluster_server(name: str, threads: int, *flags: str) -> ServerSpec:
-    command = [str(Path(sys.executable).parent / "radixcluster"), "up", "--host", "127.0.0.1", "--port", "{port}", *flags]
+    command = [
+        str(Path(sys.executable).parent / "radixcluster"),
+        "up",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        *flags,
+    ]
     return ServerSpec(name, "radixcluster", command, peer_env(threads))
 
 
@@ -82,9 +95,23 @@ def vllm_server(name: str, python: Path, hf_dir: Path, threads: int, prefix_cach
         "VLLM_SERVER_DEV_MODE": "1",  # for POST /reset_prefix_cache between repeats
     }
     command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_dir), "--served-model-name", "smollm2",
-        "--dtype", "float32", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", "{port}",
-        "--enable-prompt-tokens-details", "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(hf_dir),
+        "--served-model-name",
+        "smollm2",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--enable-prompt-tokens-details",
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
     ]
     return ServerSpec(name, "vllm", command, env, startup_timeout_s=900.0)
 
@@ -119,7 +146,9 @@ def running(spec: ServerSpec, log_dir: Path) -> Iterator[str]:
     log.parent.mkdir(parents=True, exist_ok=True)
     command = [part.replace("{port}", str(port)) for part in spec.command]
     with log.open("w") as out:
-        process = subprocess.Popen(command, env=spec.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        process = subprocess.Popen(
+            command, env=spec.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         started = time.monotonic()

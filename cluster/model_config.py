@@ -126,7 +126,9 @@ def _from_gguf(path: Path) -> ModelConfig:
     }
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
-        raise ModelPathError(f"{path}: unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED_GGUF_ARCHITECTURES)}")
+        raise ModelPathError(
+            f"{path}: unsupported GGUF architecture {arch!r}; supported: {sorted(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)

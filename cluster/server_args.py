@@ -70,35 +70,63 @@ class ServerArgs:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """The flags of DESIGN.md §8, plus the SGLang flags users paste."""
     d = ServerArgs()
-    parser.add_argument("--model-path", "--model", default=d.model_path,
-                        help="a local Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model-path",
+        "--model",
+        default=d.model_path,
+        help="a local Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)",
+    )
     parser.add_argument("--served-model-name", default=d.served_model_name, help="the name /v1/models reports")
     parser.add_argument("--host", default=d.host)
     parser.add_argument("--port", type=int, default=d.port)
-    parser.add_argument("--tp-size", "--tensor-parallel-size", "--tp", type=int, default=d.tp_size,
-                        help="tensor-parallel ranks (one per GPU; CPU processes otherwise)")
+    parser.add_argument(
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--tp",
+        type=int,
+        default=d.tp_size,
+        help="tensor-parallel ranks (one per GPU; CPU processes otherwise)",
+    )
     parser.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
-    parser.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size,
-                        help="most prompt tokens computed in one step; longer prompts are chunked")
+    parser.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=d.chunked_prefill_size,
+        help="most prompt tokens computed in one step; longer prompts are chunked",
+    )
     parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
-    parser.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static,
-                        help="fraction of memory (GPU, or RAM on CPU) for weights + KV pool "
-                             "(default 0.85 on GPU, 0.2 on CPU)")
-    parser.add_argument("--max-total-tokens", type=int, default=d.max_total_tokens,
-                        help="cap on the KV pool size in tokens")
-    parser.add_argument("--context-length", type=int, default=d.context_length,
-                        help="longest prompt + output (default: the model's)")
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=d.mem_fraction_static,
+        help="fraction of memory (GPU, or RAM on CPU) for weights + KV pool (default 0.85 on GPU, 0.2 on CPU)",
+    )
+    parser.add_argument(
+        "--max-total-tokens", type=int, default=d.max_total_tokens, help="cap on the KV pool size in tokens"
+    )
+    parser.add_argument(
+        "--context-length", type=int, default=d.context_length, help="longest prompt + output (default: the model's)"
+    )
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse (forces fcfs)")
     parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy)
     parser.add_argument("--radix-eviction-policy", choices=EVICTION_POLICIES, default=d.radix_eviction_policy)
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default=d.dtype,
-                        help="auto: float32 on CPU, bfloat16 on GPU")
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default=d.dtype,
+        help="auto: float32 on CPU, bfloat16 on GPU",
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
-    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default=d.attention_backend,
-                        help="auto: Triton kernels on CUDA, the torch reference elsewhere")
+    parser.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default=d.attention_backend,
+        help="auto: Triton kernels on CUDA, the torch reference elsewhere",
+    )
     parser.add_argument("--api-key", default=d.api_key, help="require 'Authorization: Bearer KEY' (all but /health)")
-    parser.add_argument("--ray-address", default=d.ray_address,
-                        help="join this Ray cluster instead of starting a local one")
+    parser.add_argument(
+        "--ray-address", default=d.ray_address, help="join this Ray cluster instead of starting a local one"
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
     for flag in DEFAULT_NAMING_FLAGS:
         parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")

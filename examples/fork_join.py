@@ -24,7 +24,8 @@ def tree_of_thought(s, question, num_branches):
     forks.join()
 
     candidates = "\n".join(
-        f"{i + 1}. {approach} ({verdict.strip()})" for i, (approach, verdict) in enumerate(zip(s["approach"], s["verdict"]))
+        f"{i + 1}. {approach} ({verdict.strip()})"
+        for i, (approach, verdict) in enumerate(zip(s["approach"], s["verdict"]))
     )
     s += sgl.user(f"Candidate approaches:\n{candidates}\nWhich one should the bakery start with, and why?")
     s += sgl.assistant(sgl.gen("decision", max_tokens=64, temperature=0))

@@ -45,7 +45,9 @@ def main() -> None:
     parser.add_argument("--url", default="http://localhost:30000", help="the radixcluster server")
     args = parser.parse_args()
 
-    states = extract_product.run_batch([{"listing": listing} for listing in LISTINGS], backend=sgl.RuntimeEndpoint(args.url))
+    states = extract_product.run_batch(
+        [{"listing": listing} for listing in LISTINGS], backend=sgl.RuntimeEndpoint(args.url)
+    )
     for listing, state in zip(LISTINGS, states):
         print(f"{listing}\n  -> {json.loads(state['product'])}")
 

@@ -32,9 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     # 启动运行（自动连接本地服务）
-    state = multi_round_chat.run(
-        backend=sgl.RuntimeEndpoint(args.url)
-    )
+    state = multi_round_chat.run(backend=sgl.RuntimeEndpoint(args.url))
 
     print("=== 第一轮回答 ===")
     print(state["answer1"])

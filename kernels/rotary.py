@@ -34,7 +34,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, blended, scaled)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin ``[T, head_dim // 2]`` of each token's angles, computed in float32."""
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -28,8 +28,20 @@ TARGET_PROGRAMS = 1024
 
 
 @triton.jit
-def _kv_tile(Cache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask,
-             HEAD_DIM: tl.constexpr):
+def _kv_tile(
+    Cache,
+    PageTable,
+    req,
+    stride_pt,
+    offs_n,
+    n_mask,
+    page_size,
+    kv_head,
+    stride_c,
+    offs_d,
+    d_mask,
+    HEAD_DIM: tl.constexpr,
+):
     """Context tokens ``offs_n`` of request ``req`` of one KV head, read through its page table."""
     page = tl.load(PageTable + req * stride_pt + offs_n // page_size, mask=n_mask, other=0)
     slot = page.to(tl.int64) * page_size + offs_n % page_size
@@ -38,10 +50,31 @@ def _kv_tile(Cache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_hea
 
 
 @triton.jit
-def _extend_kernel(Q, KCache, VCache, Out, PageTable, QStarts, PrefixLens, ExtendLens, ExtendIds,
-                   stride_qt, stride_qh, stride_ot, stride_oh, stride_pt, stride_c, scale_log2, page_size,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _extend_kernel(
+    Q,
+    KCache,
+    VCache,
+    Out,
+    PageTable,
+    QStarts,
+    PrefixLens,
+    ExtendLens,
+    ExtendIds,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_c,
+    scale_log2,
+    page_size,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     req = tl.load(ExtendIds + tl.program_id(0))
     head = tl.program_id(1)
     block = tl.program_id(2)
@@ -65,10 +98,12 @@ def _extend_kernel(Q, KCache, VCache, Out, PageTable, QStarts, PrefixLens, Exten
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _kv_tile(KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d,
-                     d_mask, HEAD_DIM)
-        v = _kv_tile(VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d,
-                     d_mask, HEAD_DIM)
+        k = _kv_tile(
+            KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
+        )
+        v = _kv_tile(
+            VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
+        )
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         # key 0 is visible to every row, so each row's max is finite after the first tile
         visible = (offs_n[None, :] <= prefix + offs_m[:, None]) & n_mask[None, :]
@@ -84,11 +119,35 @@ def _extend_kernel(Q, KCache, VCache, Out, PageTable, QStarts, PrefixLens, Exten
 
 
 @triton.jit
-def _decode_split_kernel(Q, KCache, VCache, PartOut, PartLse, PageTable, QStarts, PrefixLens, DecodeIds,
-                         stride_qt, stride_qh, stride_pt, stride_c, stride_ob, stride_oh, stride_os,
-                         stride_lb, stride_lh, scale_log2, page_size, num_splits,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _decode_split_kernel(
+    Q,
+    KCache,
+    VCache,
+    PartOut,
+    PartLse,
+    PageTable,
+    QStarts,
+    PrefixLens,
+    DecodeIds,
+    stride_qt,
+    stride_qh,
+    stride_pt,
+    stride_c,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    scale_log2,
+    page_size,
+    num_splits,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """One split of one decode request's context, for the GROUP query heads of one KV head:
     the split's softmax-normalised output and its log2-sum-exp (-inf when the split is empty)."""
     b = tl.program_id(0)
@@ -105,18 +164,23 @@ def _decode_split_kernel(Q, KCache, VCache, PartOut, PartLse, PageTable, QStarts
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
-    q = tl.load(Q + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(
+        Q + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _kv_tile(KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d,
-                     d_mask, HEAD_DIM)
-        v = _kv_tile(VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d,
-                     d_mask, HEAD_DIM)
+        k = _kv_tile(
+            KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
+        )
+        v = _kv_tile(
+            VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
+        )
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -128,15 +192,33 @@ def _decode_split_kernel(Q, KCache, VCache, PartOut, PartLse, PageTable, QStarts
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-    tl.store(PartOut + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :], out,
-             mask=h_mask[:, None] & d_mask[None, :])
+    tl.store(
+        PartOut + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :],
+        out,
+        mask=h_mask[:, None] & d_mask[None, :],
+    )
     tl.store(PartLse + b * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
 
 
 @triton.jit
-def _decode_reduce_kernel(PartOut, PartLse, Out, QStarts, DecodeIds, stride_ob, stride_oh, stride_os,
-                          stride_lb, stride_lh, stride_t, stride_h, num_splits,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_reduce_kernel(
+    PartOut,
+    PartLse,
+    Out,
+    QStarts,
+    DecodeIds,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_t,
+    stride_h,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Merge one request's and one head's splits, each weighted by its share of the softmax."""
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -147,8 +229,11 @@ def _decode_reduce_kernel(PartOut, PartLse, Out, QStarts, DecodeIds, stride_ob, 
     lse = tl.load(PartLse + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
     # split 0 is never empty (every context has at least one token), so the max is finite
     weight = tl.exp2(lse - tl.max(lse, 0))
-    parts = tl.load(PartOut + b * stride_ob + head * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    parts = tl.load(
+        PartOut + b * stride_ob + head * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
     out = tl.sum(weight[:, None] * parts, 0) / tl.sum(weight, 0)
     q_row = tl.load(QStarts + tl.load(DecodeIds + b))
     tl.store(Out + q_row * stride_t + head * stride_h + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
@@ -172,8 +257,14 @@ def triton_paged_attention(
         q = q.contiguous()
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the paged KV caches must be contiguous")
-    shape = _Shape(num_heads // kv_heads, head_dim, max(MIN_DOT, triton.next_power_of_2(head_dim)),
-                   "ieee" if q.dtype == torch.float32 else None, scale * math.log2(math.e), kv_heads * head_dim)
+    shape = _Shape(
+        num_heads // kv_heads,
+        head_dim,
+        max(MIN_DOT, triton.next_power_of_2(head_dim)),
+        "ieee" if q.dtype == torch.float32 else None,
+        scale * math.log2(math.e),
+        kv_heads * head_dim,
+    )
     out = torch.empty_like(q)
     if len(meta.extend_ids):
         _extend(q, k_cache, v_cache, out, meta, shape)
@@ -194,20 +285,40 @@ class _Shape:
     row: int  # elements per cache row: num_kv_heads * head_dim
 
 
-def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-            meta: AttentionMetadata, s: _Shape) -> None:
+def _extend(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata, s: _Shape
+) -> None:
     grid = (len(meta.extend_ids), q.shape[1], triton.cdiv(meta.max_extend_len, EXTEND_BLOCK_M))
     _extend_kernel[grid](
-        q, k_cache, v_cache, out, meta.page_table, meta.q_starts, meta.prefix_lens, meta.extend_lens,
-        meta.extend_ids, q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.page_table.stride(0),
-        s.row, s.scale_log2, meta.page_size,
-        GROUP=s.group, HEAD_DIM=s.head_dim, BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=s.block_d,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        meta.page_table,
+        meta.q_starts,
+        meta.prefix_lens,
+        meta.extend_lens,
+        meta.extend_ids,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        meta.page_table.stride(0),
+        s.row,
+        s.scale_log2,
+        meta.page_size,
+        GROUP=s.group,
+        HEAD_DIM=s.head_dim,
+        BLOCK_M=EXTEND_BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=s.block_d,
         PRECISION=s.precision,
     )
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-            meta: AttentionMetadata, s: _Shape) -> None:
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata, s: _Shape
+) -> None:
     batch, num_heads = len(meta.decode_ids), q.shape[1]
     kv_heads = num_heads // s.group
     splits = decode_splits(meta.max_decode_context, batch, kv_heads)
@@ -215,14 +326,41 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: 
     part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
     part_strides = (*part_out.stride()[:3], *part_lse.stride()[:2])
     _decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, part_out, part_lse, meta.page_table, meta.q_starts, meta.prefix_lens, meta.decode_ids,
-        q.stride(0), q.stride(1), meta.page_table.stride(0), s.row, *part_strides, s.scale_log2, meta.page_size,
+        q,
+        k_cache,
+        v_cache,
+        part_out,
+        part_lse,
+        meta.page_table,
+        meta.q_starts,
+        meta.prefix_lens,
+        meta.decode_ids,
+        q.stride(0),
+        q.stride(1),
+        meta.page_table.stride(0),
+        s.row,
+        *part_strides,
+        s.scale_log2,
+        meta.page_size,
         splits,
-        GROUP=s.group, HEAD_DIM=s.head_dim, BLOCK_H=max(MIN_DOT, triton.next_power_of_2(s.group)),
-        BLOCK_N=BLOCK_N, BLOCK_D=s.block_d, PRECISION=s.precision,
+        GROUP=s.group,
+        HEAD_DIM=s.head_dim,
+        BLOCK_H=max(MIN_DOT, triton.next_power_of_2(s.group)),
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=s.block_d,
+        PRECISION=s.precision,
     )
     _decode_reduce_kernel[(batch, num_heads)](
-        part_out, part_lse, out, meta.q_starts, meta.decode_ids, *part_strides, out.stride(0), out.stride(1),
+        part_out,
+        part_lse,
+        out,
+        meta.q_starts,
+        meta.decode_ids,
+        *part_strides,
+        out.stride(0),
+        out.stride(1),
         splits,
-        HEAD_DIM=s.head_dim, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=s.block_d,
+        HEAD_DIM=s.head_dim,
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=s.block_d,
     )

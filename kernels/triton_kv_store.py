@@ -32,8 +32,15 @@ def triton_store_kv(
     k_rows, v_rows = _token_rows(k), _token_rows(v)
     row = k_rows.shape[1]
     _store_kv_kernel[(tokens,)](
-        k_rows, v_rows, k_cache, v_cache, slot_mapping, k_rows.stride(0), v_rows.stride(0),
-        ROW=row, BLOCK=triton.next_power_of_2(row),
+        k_rows,
+        v_rows,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k_rows.stride(0),
+        v_rows.stride(0),
+        ROW=row,
+        BLOCK=triton.next_power_of_2(row),
     )
 
 

@@ -29,7 +29,11 @@ class RuntimeEndpoint:
     """
 
     def __init__(
-        self, base_url: str, api_key: str | None = None, timeout: float = 600.0, chat_template: str | ChatTemplate | None = None
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        chat_template: str | ChatTemplate | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

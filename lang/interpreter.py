@@ -23,7 +23,9 @@ def execute(expr: str | Expr, trace: Trace, backend: RuntimeEndpoint, log: Reque
     elif isinstance(expr, Select):
         _select(expr, trace, backend, log)
     else:
-        raise TypeError(f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant")
+        raise TypeError(
+            f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant"
+        )
 
 
 def prefill(text: str, backend: RuntimeEndpoint, log: RequestLog) -> dict[str, Any]:

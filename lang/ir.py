@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 
 class Expr:
@@ -53,7 +53,7 @@ class Role(Expr):
     content: ExprLike
 
 
-ExprLike = Union[str, Expr]
+ExprLike = str | Expr
 
 
 def gen(

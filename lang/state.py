@@ -33,7 +33,9 @@ class ProgramState:
 
     def __iadd__(self, expr: str | Expr) -> ProgramState:
         if not isinstance(expr, (str, Expr)):
-            raise TypeError(f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant")
+            raise TypeError(
+                f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant"
+            )
         self._submit(lambda: execute(expr, self._trace, self.backend, self._log))
         return self
 
@@ -94,7 +96,7 @@ class ProgramState:
         for fork in forks:
             fork.sync()
         if mode == "concate_and_append":
-            self._trace.text += "".join(f._trace.text[f._trace.fork_offset:] for f in forks)
+            self._trace.text += "".join(f._trace.text[f._trace.fork_offset :] for f in forks)
             return
         names = dict.fromkeys(name for f in forks for name in f._trace.assigned)
         for name in names:

@@ -58,7 +58,9 @@ def build_forward(
     )
 
 
-def build_prefill(step_id: int, reqs: Sequence[Request], prefix_lens: Sequence[int], extend_lens: Sequence[int]) -> ForwardBatch:
+def build_prefill(
+    step_id: int, reqs: Sequence[Request], prefix_lens: Sequence[int], extend_lens: Sequence[int]
+) -> ForwardBatch:
     """A prefill (extend) step: each request computes fill tokens [prefix, prefix + extend)."""
     ids, pos, starts = [], [], []
     for r, prefix, extend in zip(reqs, prefix_lens, extend_lens):

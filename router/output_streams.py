@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
+from radixcluster.router.request import Request
 from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
 from radixcluster.router.text.prompt_memo import PromptMemo
-from radixcluster.router.request import Request
 from radixcluster.router.text.tokenizer import Tokenizer
 
 
@@ -112,7 +112,6 @@ class OutputStreams:
         stream.held = None if stream.stream else out
         return out
 
-
     def _remember(self, stream: _Stream) -> None:
         """Memo the finished prompt + answer text with the ids that produced it, when the ids
         spell exactly that text (no stop string cut it, no special token hides in it)."""
@@ -124,7 +123,9 @@ class OutputStreams:
             return
         if self.tokenizer.decode(ids) != stream.text:
             return
-        self.memo.remember(stream.prompt_text + stream.text, np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)]))
+        self.memo.remember(
+            stream.prompt_text + stream.text, np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)])
+        )
 
 
 def _input_logprobs(req: Request) -> list[list[Any]]:

@@ -76,7 +76,14 @@ class Request:
         self.eos_token_ids = tuple(self.eos_token_ids)
         self.input_logprob_next = self.logprob_start_len if self.logprob_start_len >= 0 else self.prompt_len
         # sampling rows are built once: a decode step only stacks them
-        self.float_row = (s.temperature, s.top_p, s.min_p, s.frequency_penalty, s.presence_penalty, s.repetition_penalty)
+        self.float_row = (
+            s.temperature,
+            s.top_p,
+            s.min_p,
+            s.frequency_penalty,
+            s.presence_penalty,
+            s.repetition_penalty,
+        )
         self.int_row = (s.top_k, -1 if s.seed is None else s.seed, self.top_logprobs_num)
         self.has_penalty = s.frequency_penalty != 0.0 or s.presence_penalty != 0.0 or s.repetition_penalty != 1.0
 

@@ -7,8 +7,8 @@ import numpy as np
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.grammar import GrammarCache, GrammarError
-from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.request import Request
+from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.tokenizer import Tokenizer
 
 

@@ -92,4 +92,3 @@ def _dfs_weight_order(waiting: list[Request], nodes: list[TreeNode], root: TreeN
         children = sorted((c for c in node.children.values() if c in weight), key=lambda c: -weight[c])
         stack.extend((c, False) for c in reversed(children))
     return order
-

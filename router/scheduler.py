@@ -21,13 +21,13 @@ from radixcluster.protocol import StepResult
 from radixcluster.router.batch_builder import ScheduledBatch, build_forward, build_prefill
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.page_allocator import PageAllocator
-from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
 from radixcluster.router.cache.radix_tree import RadixTree, TreeEventHook
+from radixcluster.router.cache.slot_pool import SlotPool
+from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
 from radixcluster.router.request import ReqState, Request
 from radixcluster.router.result_processing import apply_token, record_input_logprobs
 from radixcluster.router.schedule_policy import SchedulePolicy
 from radixcluster.router.scheduler_stats import CACHE_INFO_KEYS, SchedulerStats, check_pool_integrity
-from radixcluster.router.cache.slot_pool import SlotPool
 
 logger = logging.getLogger(__name__)
 

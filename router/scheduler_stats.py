@@ -12,9 +12,19 @@ from radixcluster.router.cache.radix_tree import check
 from radixcluster.router.request import Request
 
 CACHE_INFO_KEYS = (
-    "total_requests", "cache_hits", "hit_rate", "token_hit_rate", "shared_prefix_length_avg", "prompt_tokens_total",
-    "cached_tokens_total", "evicted_tokens_total", "tree_nodes", "cached_tokens", "evictable_tokens",
-    "protected_tokens", "page_size",
+    "total_requests",
+    "cache_hits",
+    "hit_rate",
+    "token_hit_rate",
+    "shared_prefix_length_avg",
+    "prompt_tokens_total",
+    "cached_tokens_total",
+    "evicted_tokens_total",
+    "tree_nodes",
+    "cached_tokens",
+    "evictable_tokens",
+    "protected_tokens",
+    "page_size",
 )
 
 
@@ -42,7 +52,9 @@ class SchedulerStats:
             # the seeds read hit_rate as requests that reused a prefix over all requests
             "hit_rate": self.cache_hit_requests / self.total_requests if self.total_requests else 0.0,
             "token_hit_rate": self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0,
-            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hit_requests if self.cache_hit_requests else 0.0,
+            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hit_requests
+            if self.cache_hit_requests
+            else 0.0,
             "prompt_tokens_total": self.prompt_tokens_total,
             "cached_tokens_total": self.cached_tokens_total,
             "evicted_tokens_total": tree.evicted_tokens_total,

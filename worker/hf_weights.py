@@ -35,7 +35,9 @@ def _shard_files(directory: Path) -> list[Path]:
     if not index.is_file():
         files = sorted(directory.glob("*.safetensors"))
         if not files:
-            raise ModelPathError(f"{directory} holds no *.safetensors weights (PyTorch .bin checkpoints are not supported)")
+            raise ModelPathError(
+                f"{directory} holds no *.safetensors weights (PyTorch .bin checkpoints are not supported)"
+            )
         return files
     try:
         weight_map = json.loads(index.read_text())["weight_map"]

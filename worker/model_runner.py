@@ -64,7 +64,9 @@ class ModelRunner:
             self.model = LlamaForCausalLM(self.model_config, self.tp, self.attention)
         self.model.to(self.dtype).eval()
         with torch.inference_mode():
-            self.model.load_weights(weights if weights is not None else iter_weights(config.model_path, self.model_config))
+            self.model.load_weights(
+                weights if weights is not None else iter_weights(config.model_path, self.model_config)
+            )
         attn = self.model.model.layers[0].self_attn
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
@@ -134,7 +136,9 @@ class ModelRunner:
             return None
         logits = logits.float()
         num_requests = len(last_rows)
-        return _Logits(logits[:num_requests], logits[num_requests:], input_ids[_tensor(prompt_rows + 1, torch.int64, self.device)])
+        return _Logits(
+            logits[:num_requests], logits[num_requests:], input_ids[_tensor(prompt_rows + 1, torch.int64, self.device)]
+        )
 
 
 def _prompt_rows(extend_lens: np.ndarray, logprob_starts: np.ndarray | None) -> np.ndarray:

@@ -131,9 +131,7 @@ def filtered_probs(
 def _draw(logits: torch.Tensor, params: SamplingBatch, rows: np.ndarray, positions: torch.Tensor) -> torch.Tensor:
     """One token for each of ``logits``' rows (batch rows ``rows``) by the exponential race:
     argmax(p / E) with E ~ Exp(1) i.i.d. picks token i with probability p_i / sum(p)."""
-    probs = filtered_probs(
-        logits, params.temperature[rows], params.top_k[rows], params.top_p[rows], params.min_p[rows]
-    )
+    probs = filtered_probs(logits, params.temperature[rows], params.top_k[rows], params.top_p[rows], params.min_p[rows])
     noise = torch.empty_like(probs).exponential_()
     seeds = params.seed[rows]
     seeded = np.flatnonzero(seeds != -1)

@@ -91,7 +91,9 @@ def _stream(path: Path, loaders: Loaders, shapes: dict[str, tuple[int, ...]]) ->
             raise ModelPathError(f"{path}: cannot read tensor {name} ({type(exc).__name__}: {exc})") from exc
         expected = shapes.get(name)
         if expected is not None and tuple(tensor.shape) != expected:
-            raise ModelPathError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the config implies {expected}")
+            raise ModelPathError(
+                f"{path}: tensor {name} has shape {tuple(tensor.shape)}, the config implies {expected}"
+            )
         if expected is None:
             logger.debug("%s: %s is beyond the Llama-family set; yielded with its shape unchecked", path, name)
         yield name, tensor

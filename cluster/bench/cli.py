@@ -18,30 +18,50 @@ WARMUP_TOKENS = 16
 
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:30000")
-    parser.add_argument("--backend", choices=BACKENDS, default="radixcluster",
-                        help="radixcluster/sglang: native /generate; vllm/openai: /v1/completions")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="radixcluster",
+        help="radixcluster/sglang: native /generate; vllm/openai: /v1/completions",
+    )
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--model-path", default=None, help="the tokenizer's model (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument(
+        "--model-path", default=None, help="the tokenizer's model (default: the embedded SmolLM2-135M-Instruct)"
+    )
     parser.add_argument("--workload", choices=wl.WORKLOADS, default="shared-prefix")
     parser.add_argument("--groups", type=int, default=8, help="shared-prefix: distinct prefixes")
     parser.add_argument("--requests-per-group", type=int, default=4, help="shared-prefix: questions per prefix")
-    parser.add_argument("--prefix-len", type=int, default=620,
-                        help="tokens of the shared system prompt (shared-prefix), of each chat's system prompt (multi-turn), of the trunk (fork)")
+    parser.add_argument(
+        "--prefix-len",
+        type=int,
+        default=620,
+        help="tokens of the shared system prompt (shared-prefix), of each chat's system prompt (multi-turn), of the trunk (fork)",
+    )
     parser.add_argument("--question-len", type=int, default=24, help="tokens of each question / user turn")
     parser.add_argument("--conversations", type=int, default=8, help="multi-turn: concurrent chats")
-    parser.add_argument("--turns", type=int, default=4, help="multi-turn: user turns per chat (each resends the history)")
+    parser.add_argument(
+        "--turns", type=int, default=4, help="multi-turn: user turns per chat (each resends the history)"
+    )
     parser.add_argument("--num-prompts", type=int, default=32, help="few-shot and random: prompts; fork: branches")
     parser.add_argument("--num-shots", type=int, default=8, help="few-shot: examples in the shared header")
     parser.add_argument("--shot-len", type=int, default=64, help="few-shot: tokens per example")
     parser.add_argument("--input-len", type=int, default=512, help="random: prompt tokens")
     parser.add_argument("--output-len", type=int, default=32, help="new tokens per request (greedy, ignore_eos)")
-    parser.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second; inf: all at once")
+    parser.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second; inf: all at once"
+    )
     parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
-    parser.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=True,
-                        help="empty the server's prefix cache after the warm-up")
-    parser.add_argument("--label", default=None, help="the configuration's name in tables and plots (default: the backend)")
+    parser.add_argument(
+        "--flush-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="empty the server's prefix cache after the warm-up",
+    )
+    parser.add_argument(
+        "--label", default=None, help="the configuration's name in tables and plots (default: the backend)"
+    )
     parser.add_argument("--output-json", default=None)
     parser.add_argument("--output-png", default=None)
     parser.add_argument("--no-progress", action="store_true")
@@ -74,13 +94,21 @@ def run_bench(ns: argparse.Namespace, tokenizer: Tokenizer | None = None) -> dic
     workload = build_workload(ns, tokenizer)
     records, duration = asyncio.run(_bench(BenchClient(ns.base_url, ns.backend, tokenizer, ns.api_key), workload, ns))
     config = {
-        "backend": ns.backend, "base_url": ns.base_url, "workload": workload.name, **workload.params,
-        "output_len": ns.output_len, "request_rate": ns.request_rate, "max_concurrency": ns.max_concurrency, "seed": ns.seed,
+        "backend": ns.backend,
+        "base_url": ns.base_url,
+        "workload": workload.name,
+        **workload.params,
+        "output_len": ns.output_len,
+        "request_rate": ns.request_rate,
+        "max_concurrency": ns.max_concurrency,
+        "seed": ns.seed,
     }
     return summarize(records, duration, ns.label or ns.backend, config)
 
 
-async def _bench(client: BenchClient, workload: wl.Workload, ns: argparse.Namespace) -> tuple[list[RequestRecord], float]:
+async def _bench(
+    client: BenchClient, workload: wl.Workload, ns: argparse.Namespace
+) -> tuple[list[RequestRecord], float]:
     try:
         await client.prepare()
         warm = wl.WordSource(client.tokenizer, seed=ns.seed + 1)
@@ -88,7 +116,9 @@ async def _bench(client: BenchClient, workload: wl.Workload, ns: argparse.Namesp
             await client.send(RequestRecord(-1, 0, warm.take(WARMUP_TOKENS)), output_len=4)
         if ns.flush_cache and not await client.flush_cache():
             print(f"note: could not flush the {ns.backend} server's prefix cache")
-        return await run_workload(client, workload, ns.request_rate, ns.max_concurrency, ns.seed, progress=not ns.no_progress)
+        return await run_workload(
+            client, workload, ns.request_rate, ns.max_concurrency, ns.seed, progress=not ns.no_progress
+        )
     finally:
         await client.close()
 

@@ -59,7 +59,9 @@ class _TokenClock:
         self.last = now
 
 
-async def _sse(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+async def _sse(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> AsyncIterator[dict[str, Any]]:
     async with client.stream("POST", url, json=body, headers=headers) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}")
@@ -169,8 +171,14 @@ def _poisson_starts(n: int, request_rate: float, seed: int) -> list[float]:
     return starts
 
 
-async def run_workload(client: BenchClient, workload: Workload, request_rate: float = float("inf"),
-                       max_concurrency: int | None = None, seed: int = 0, progress: bool = True) -> tuple[list[RequestRecord], float]:
+async def run_workload(
+    client: BenchClient,
+    workload: Workload,
+    request_rate: float = float("inf"),
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[list[RequestRecord], float]:
     """Run every conversation of ``workload``; returns the records in submission order and
     the wall time. Conversations arrive as a Poisson process (those that continue another
     start when it ends); their turns run back to back."""

@@ -49,9 +49,17 @@ def summarize(records: list[RequestRecord], duration_s: float, label: str, confi
         "ideal_cached_ratio": ideal / total_prompt if total_prompt else 0.0,
     }
     requests = [
-        {"conversation": r.conversation, "turn": r.turn, "submit": r.submit, "prompt_tokens": len(r.prompt_ids),
-         "output_tokens": len(r.output_ids), "cached_tokens": r.cached_tokens, "ttft": r.ttft, "latency": r.latency,
-         "error": r.error}
+        {
+            "conversation": r.conversation,
+            "turn": r.turn,
+            "submit": r.submit,
+            "prompt_tokens": len(r.prompt_ids),
+            "output_tokens": len(r.output_ids),
+            "cached_tokens": r.cached_tokens,
+            "ttft": r.ttft,
+            "latency": r.latency,
+            "error": r.error,
+        }
         for r in records
     ]
     return {"summary": summary, "config": config, "requests": requests}
@@ -61,19 +69,39 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-TABLE_COLUMNS = ("configuration", "workload", "req", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
-                 "ITL p50 ms", "ITL p99 ms", "E2E p50 s", "E2E p99 s", "cached", "ideal")
+TABLE_COLUMNS = (
+    "configuration",
+    "workload",
+    "req",
+    "req/s",
+    "out tok/s",
+    "TTFT p50 ms",
+    "TTFT p90 ms",
+    "TTFT p99 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "E2E p50 s",
+    "E2E p99 s",
+    "cached",
+    "ideal",
+)
 
 
 def table_row(result: dict[str, Any]) -> list[str]:
     s = result["summary"]
     return [
-        s["label"], result["config"].get("workload", "?"), str(s["completed"]) + (f" ({s['errors']} err)" if s["errors"] else ""),
-        _fmt(s["request_throughput"], digits=2), _fmt(s["output_throughput"]),
+        s["label"],
+        result["config"].get("workload", "?"),
+        str(s["completed"]) + (f" ({s['errors']} err)" if s["errors"] else ""),
+        _fmt(s["request_throughput"], digits=2),
+        _fmt(s["output_throughput"]),
         *(_fmt(s["ttft_s"][f"p{p}"], 1000, 0) for p in PERCENTILES),
-        _fmt(s["itl_s"]["p50"], 1000), _fmt(s["itl_s"]["p99"], 1000),
-        _fmt(s["e2e_latency_s"]["p50"], digits=2), _fmt(s["e2e_latency_s"]["p99"], digits=2),
-        _fmt(s["cached_ratio"], digits=3), _fmt(s["ideal_cached_ratio"], digits=3),
+        _fmt(s["itl_s"]["p50"], 1000),
+        _fmt(s["itl_s"]["p99"], 1000),
+        _fmt(s["e2e_latency_s"]["p50"], digits=2),
+        _fmt(s["e2e_latency_s"]["p99"], digits=2),
+        _fmt(s["cached_ratio"], digits=3),
+        _fmt(s["ideal_cached_ratio"], digits=3),
     ]
 
 
@@ -84,8 +112,10 @@ def format_table(results: Sequence[dict[str, Any]], markdown: bool = False) -> s
         lines.insert(1, "|" + "---|" * len(TABLE_COLUMNS))
         return "\n".join(lines)
     widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    return "\n".join(
+        "  ".join(cell.rjust(w) if i > 1 else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    )
 
 
 def write_json(result: dict[str, Any] | list[dict[str, Any]], path: str | Path) -> None:
@@ -111,8 +141,9 @@ def plot(results: Sequence[dict[str, Any]], path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r["config"].get("workload", "?") for r in results))
-    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.6 * len(workloads)), squeeze=False,
-                             gridspec_kw={"width_ratios": [3, 2]})
+    fig, axes = plt.subplots(
+        len(workloads), 2, figsize=(11, 3.6 * len(workloads)), squeeze=False, gridspec_kw={"width_ratios": [3, 2]}
+    )
     for (cdf_ax, bar_ax), workload in zip(axes, workloads):
         rows = [r for r in results if r["config"].get("workload", "?") == workload]
         for i, r in enumerate(rows):
@@ -120,14 +151,26 @@ def plot(results: Sequence[dict[str, Any]], path: str | Path) -> None:
             done = [q for q in r["requests"] if q["error"] is None]
             for key, style in (("latency", "-"), ("ttft", "--")):
                 xs = np.sort([q[key] for q in done])
-                cdf_ax.step(xs, np.arange(1, len(xs) + 1) / max(len(xs), 1), style, color=color, where="post",
-                            label=r["summary"]["label"] if key == "latency" else None)
-        cdf_ax.set(xscale="log", xlabel="seconds (dashed: TTFT, solid: end-to-end)", ylabel="fraction of requests",
-                   title=f"{workload}: latency CDF")
+                cdf_ax.step(
+                    xs,
+                    np.arange(1, len(xs) + 1) / max(len(xs), 1),
+                    style,
+                    color=color,
+                    where="post",
+                    label=r["summary"]["label"] if key == "latency" else None,
+                )
+        cdf_ax.set(
+            xscale="log",
+            xlabel="seconds (dashed: TTFT, solid: end-to-end)",
+            ylabel="fraction of requests",
+            title=f"{workload}: latency CDF",
+        )
         cdf_ax.grid(alpha=0.3)
         cdf_ax.legend(fontsize=8)
         labels = [r["summary"]["label"] for r in rows]
-        bars = bar_ax.barh(labels, [r["summary"]["output_throughput"] for r in rows], color=[f"C{i}" for i in range(len(rows))])
+        bars = bar_ax.barh(
+            labels, [r["summary"]["output_throughput"] for r in rows], color=[f"C{i}" for i in range(len(rows))]
+        )
         bar_ax.bar_label(bars, fmt="%.1f", fontsize=8)
         bar_ax.invert_yaxis()
         bar_ax.set(xlabel="output tokens / s", title=f"{workload}: throughput")

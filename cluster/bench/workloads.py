@@ -92,8 +92,15 @@ def _question(words: WordSource, glue: _Glue, question_len: int) -> list[int]:
     return _fill(words, question_len, [], glue.assistant_open, what="--question-len")
 
 
-def shared_prefix(tokenizer: Tokenizer, groups: int, requests_per_group: int, prefix_len: int, question_len: int,
-                  output_len: int, seed: int) -> Workload:
+def shared_prefix(
+    tokenizer: Tokenizer,
+    groups: int,
+    requests_per_group: int,
+    prefix_len: int,
+    question_len: int,
+    output_len: int,
+    seed: int,
+) -> Workload:
     """``groups`` system prompts of ``prefix_len`` tokens, each asked ``requests_per_group``
     different questions of ``question_len`` tokens (group-major submission order)."""
     words, glue = WordSource(tokenizer, seed), _glue(tokenizer)
@@ -101,12 +108,15 @@ def shared_prefix(tokenizer: Tokenizer, groups: int, requests_per_group: int, pr
     for _ in range(groups):
         prefix = _fill(words, prefix_len, glue.system_open, glue.user_open, what="--prefix-len")
         convs += [Conversation([prefix + _question(words, glue, question_len)]) for _ in range(requests_per_group)]
-    params = dict(groups=groups, requests_per_group=requests_per_group, prefix_len=prefix_len, question_len=question_len)
+    params = dict(
+        groups=groups, requests_per_group=requests_per_group, prefix_len=prefix_len, question_len=question_len
+    )
     return Workload("shared-prefix", convs, output_len, params)
 
 
-def multi_turn(tokenizer: Tokenizer, conversations: int, turns: int, prefix_len: int, question_len: int,
-               output_len: int, seed: int) -> Workload:
+def multi_turn(
+    tokenizer: Tokenizer, conversations: int, turns: int, prefix_len: int, question_len: int, output_len: int, seed: int
+) -> Workload:
     """``conversations`` chats, each with its own ``prefix_len``-token system prompt and
     ``turns`` user messages of ``question_len`` tokens; every turn resends the whole history."""
     words, glue = WordSource(tokenizer, seed), _glue(tokenizer)
@@ -120,8 +130,9 @@ def multi_turn(tokenizer: Tokenizer, conversations: int, turns: int, prefix_len:
     return Workload("multi-turn", convs, output_len, params)
 
 
-def few_shot(tokenizer: Tokenizer, num_prompts: int, shots: int, shot_len: int, question_len: int,
-             output_len: int, seed: int) -> Workload:
+def few_shot(
+    tokenizer: Tokenizer, num_prompts: int, shots: int, shot_len: int, question_len: int, output_len: int, seed: int
+) -> Workload:
     """One system header of ``shots`` examples of ``shot_len`` tokens, shared by every prompt."""
     words, glue = WordSource(tokenizer, seed), _glue(tokenizer)
     examples = [t for _ in range(shots) for t in words.take(shot_len)]
@@ -131,14 +142,18 @@ def few_shot(tokenizer: Tokenizer, num_prompts: int, shots: int, shot_len: int, 
     return Workload("few-shot", convs, output_len, params)
 
 
-def fork(tokenizer: Tokenizer, branches: int, prefix_len: int, question_len: int, output_len: int, seed: int) -> Workload:
+def fork(
+    tokenizer: Tokenizer, branches: int, prefix_len: int, question_len: int, output_len: int, seed: int
+) -> Workload:
     """One trunk prompt; once it is answered, ``branches`` follow-ups continue trunk + answer."""
     words, glue = WordSource(tokenizer, seed), _glue(tokenizer)
     trunk = _fill(words, prefix_len, glue.system_open, glue.user_open, what="--prefix-len")
     trunk += _question(words, glue, question_len)
     convs = [Conversation([trunk])]
     convs += [Conversation([glue.next_user + _question(words, glue, question_len)], after=0) for _ in range(branches)]
-    return Workload("fork", convs, output_len, dict(branches=branches, prefix_len=prefix_len, question_len=question_len))
+    return Workload(
+        "fork", convs, output_len, dict(branches=branches, prefix_len=prefix_len, question_len=question_len)
+    )
 
 
 def random_prompts(tokenizer: Tokenizer, num_prompts: int, input_len: int, output_len: int, seed: int) -> Workload:

@@ -74,11 +74,15 @@ class Generation:
         if return_logprob:
             meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in self.input_logprobs]
             meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid, _ in self.output_logprobs]
-            meta["output_top_logprobs"] = [[[tlp, tid, None] for tlp, tid in tops] for _, _, tops in self.output_logprobs]
+            meta["output_top_logprobs"] = [
+                [[tlp, tid, None] for tlp, tid in tops] for _, _, tops in self.output_logprobs
+            ]
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
 
-async def run_generation(client: RouterClient, request: GenerateRequest, metrics: ApiMetrics) -> AsyncIterator[Generation]:
+async def run_generation(
+    client: RouterClient, request: GenerateRequest, metrics: ApiMetrics
+) -> AsyncIterator[Generation]:
     """Yield the request's Generation after each output; a router rejection raises ApiError."""
     gen = Generation(rid=request.rid)
     start = last_token = time.monotonic()

@@ -61,16 +61,22 @@ class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.time_to_first_token = Histogram(
-            "radixcluster_time_to_first_token_seconds", "Time from request arrival to its first token.",
-            buckets=_TTFT_BUCKETS, registry=self.registry,
+            "radixcluster_time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
         )
         self.inter_token_latency = Histogram(
-            "radixcluster_inter_token_latency_seconds", "Time between consecutive output tokens.",
-            buckets=_ITL_BUCKETS, registry=self.registry,
+            "radixcluster_inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
         )
         self.e2e_request_latency = Histogram(
-            "radixcluster_e2e_request_latency_seconds", "Time from request arrival to its last token.",
-            buckets=_E2E_BUCKETS, registry=self.registry,
+            "radixcluster_e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            buckets=_E2E_BUCKETS,
+            registry=self.registry,
         )
 
     def render(self, router_stats: dict[str, Any]) -> bytes:

@@ -23,7 +23,9 @@ HEALTH_TIMEOUT_S = 2.0
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
-async def _native_chunks(streams: list[AsyncIterator[Generation]], indexed: bool, return_logprob: bool) -> AsyncIterator[dict[str, Any]]:
+async def _native_chunks(
+    streams: list[AsyncIterator[Generation]], indexed: bool, return_logprob: bool
+) -> AsyncIterator[dict[str, Any]]:
     async for index, gen in merge(streams):
         chunk = gen.native(return_logprob)
         if indexed:
@@ -32,10 +34,10 @@ async def _native_chunks(streams: list[AsyncIterator[Generation]], indexed: bool
 
 
 async def _last(stream: AsyncIterator[Generation]) -> Generation:
-    gen = None
+    last = None
     async for gen in stream:
-        pass
-    return gen
+        last = gen
+    return last
 
 
 def native_routes(ctx: ApiContext) -> APIRouter:

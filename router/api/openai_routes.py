@@ -69,7 +69,9 @@ def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
     }
 
 
-def _requests(body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int) -> list[GenerateRequest]:
+def _requests(
+    body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int
+) -> list[GenerateRequest]:
     """``n`` requests per input, input-major, with distinct ids."""
     sampling = body.sampling().to_protocol()
     rids = derive_rids(body.rid, len(inputs) * body.n)
@@ -91,7 +93,9 @@ def _head(kind: str, prefix: str, model: str) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
 
-async def _completion_chunks(streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def _completion_chunks(
+    streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
     async for index, gen in merge(streams):
         latest[index] = gen
@@ -107,10 +111,14 @@ async def _completion_chunks(streams: list[AsyncIterator[Generation]], body: Com
         yield {**head, "choices": [], "usage": usage(latest, body.n)}
 
 
-async def _chat_chunks(streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, head: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def _chat_chunks(
+    streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, head: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
 
-    def chunk(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: str | None = None) -> dict[str, Any]:
+    def chunk(
+        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
 
     async for index, gen in merge(streams):
@@ -156,7 +164,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             }
             for i, g in enumerate(gens)
         ]
-        return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body.n)})
+        return JSONResponse(
+            {**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body.n)}
+        )
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -175,6 +185,8 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             }
             for i, g in enumerate(gens)
         ]
-        return JSONResponse({**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body.n)})
+        return JSONResponse(
+            {**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body.n)}
+        )
 
     return router

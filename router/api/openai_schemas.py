@@ -18,8 +18,17 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 # SGLang extensions a request may carry, passed through to the sampling parameters.
 _EXTRA_SAMPLING = (
-    "top_k", "min_p", "repetition_penalty", "regex", "json_schema", "ebnf", "ignore_eos",
-    "stop_token_ids", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "ignore_eos",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
 )
 
 
@@ -163,6 +172,8 @@ class ChatCompletionIn(OpenAIRequest):
     response_format: ResponseFormat | None = None
 
     def sampling(self) -> SamplingParamsIn:
-        limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), CHAT_DEFAULT_MAX_TOKENS)
+        limit = next(
+            (v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), CHAT_DEFAULT_MAX_TOKENS
+        )
         schema = self.response_format.grammar() if self.response_format is not None else None
         return self._sampling(limit, json_schema=schema)

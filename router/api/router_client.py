@@ -119,7 +119,9 @@ class RouterClient:
         if not fut.cancelled() and fut.exception() is not None:
             logger.warning("could not send an abort to the router: %s", fut.exception())
 
-    async def control(self, kind: str, args: dict[str, Any] | None = None, timeout: float = CONTROL_TIMEOUT_S) -> dict[str, Any]:
+    async def control(
+        self, kind: str, args: dict[str, Any] | None = None, timeout: float = CONTROL_TIMEOUT_S
+    ) -> dict[str, Any]:
         """Ask the router a control question and return its payload.
 
         Raises RouterUnavailable on timeout, RouterError when the router reports an error.

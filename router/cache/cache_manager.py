@@ -84,7 +84,9 @@ class CacheManager:
         if aligned <= req.tree_len:
             return
         fill = req.fill_ids()
-        result = self.tree.insert(fill[:aligned], np.asarray(req.pages[: aligned // ps], dtype=np.int32), req.cache_salt)
+        result = self.tree.insert(
+            fill[:aligned], np.asarray(req.pages[: aligned // ps], dtype=np.int32), req.cache_salt
+        )
         tree_pages = result.pages.tolist()
         first = req.tree_len // ps
         mine = req.pages[first : aligned // ps]

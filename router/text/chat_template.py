@@ -29,7 +29,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # Jinja's own tojson HTML-escapes; templates expect plain JSON (as in transformers).
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -80,12 +82,14 @@ def _content_text(content: Any, index: int) -> str:
         for part_index, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise ValueError(
-                    f"messages[{index}].content[{part_index}] must be a text part {{\"type\": \"text\", \"text\": \"...\"}}; "
+                    f'messages[{index}].content[{part_index}] must be a text part {{"type": "text", "text": "..."}}; '
                     f"got {part!r:.80}"
                 )
             texts.append(part["text"])
         return "\n".join(texts)
-    raise ValueError(f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}")
+    raise ValueError(
+        f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}"
+    )
 
 
 def render_chat_template(

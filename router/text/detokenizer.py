@@ -29,7 +29,9 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_tokenizer", "_skip_special", "_spaces", "ids", "prefix_offset", "read_offset")
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._spaces = spaces_between_special_tokens

@@ -64,7 +64,9 @@ class GGUFTokenizer:
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table that byte-level vocabularies are spelled in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     extra = 0
     for byte in range(256):
@@ -95,7 +97,9 @@ def load_gguf_tokenizer(path: Path) -> GGUFTokenizer:
         backend = _sentencepiece_bpe(path, tokens, meta)
         special_alphabet = None
     else:
-        raise ModelPathError(f"{path}: unsupported GGUF tokenizer model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama'")
+        raise ModelPathError(
+            f"{path}: unsupported GGUF tokenizer model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama'"
+        )
     _add_special_tokens(backend, tokens, token_types, special_alphabet)
 
     def token_at(key: str) -> str | None:
@@ -127,7 +131,11 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Ba
         for index, token in enumerate(tokens)
     }
     pairs = [tuple(merge.split(" ", 1)) for merge in merges]
-    backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+    backend = Backend(
+        BPE(
+            vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False
+        )
+    )
     backend.pre_tokenizer = _byte_level_pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     return backend
@@ -140,7 +148,10 @@ def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     split = _SPLIT_REGEX_BY_PRE.get(pre or "")
     if split is not None:
         return pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
     if pre not in _GPT2_PRE:
         logger.warning("GGUF pre-tokenizer %r is not known here; splitting text with the GPT-2 regex", pre)
@@ -158,11 +169,22 @@ def _sentencepiece_bpe(path: Path, tokens: list[str], meta: dict[str, Any]) -> B
         raise ModelPathError(f"{path}: the 'llama' GGUF tokenizer has neither merges nor scores")
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     backend = Backend(
-        BPE(vocab=vocab, merges=pairs, unk_token=tokens[unk_id] if unk_id is not None else None, fuse_unk=True, byte_fallback=True)
+        BPE(
+            vocab=vocab,
+            merges=pairs,
+            unk_token=tokens[unk_id] if unk_id is not None else None,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
     )
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
     backend.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1, right=0)]
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(content=" ", left=1, right=0),
+        ]
     )
     return backend
 
@@ -172,7 +194,9 @@ def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list
     tokens, best-scored result first (what transformers derives for such files)."""
     merges = []
     for token, score in scores.items():
-        local = [(token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
+        local = [
+            (token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab
+        ]
         merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
     merges.sort(key=lambda m: m[2], reverse=True)
     return [(left, right) for left, right, _ in merges]
@@ -188,7 +212,9 @@ def _add_special_tokens(backend: Backend, tokens: list[str], token_types: list[i
         if kind == CONTROL and (alphabet is None or set(token) <= alphabet)
     ]
     user_defined = [
-        AddedToken(token, normalized=False, special=False) for token, kind in zip(tokens, token_types) if kind == USER_DEFINED
+        AddedToken(token, normalized=False, special=False)
+        for token, kind in zip(tokens, token_types)
+        if kind == USER_DEFINED
     ]
     if control:
         backend.add_special_tokens(control)
@@ -198,5 +224,9 @@ def _add_special_tokens(backend: Backend, tokens: list[str], token_types: list[i
 
 def _end_of_generation_ids(meta: dict[str, Any], tokens: list[str], token_types: list[int]) -> tuple[int, ...]:
     ids = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
-    ids += [i for i, (token, kind) in enumerate(zip(tokens, token_types)) if kind == CONTROL and token in END_OF_GENERATION_TEXTS]
+    ids += [
+        i
+        for i, (token, kind) in enumerate(zip(tokens, token_types))
+        if kind == CONTROL and token in END_OF_GENERATION_TEXTS
+    ]
     return tuple(dict.fromkeys(int(i) for i in ids if i is not None))

@@ -47,7 +47,9 @@ class Tokenizer:
             ids.insert(0, self.bos_token_id)
         return ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False
+    ) -> str:
         """Text of ``ids``. With ``spaces_between_special_tokens`` the text runs and the added
         tokens that are kept are joined by one space (the convention of transformers' slow
         tokenizers, SGLang's and vLLM's ``spaces_between_special_tokens``)."""
@@ -70,7 +72,10 @@ class Tokenizer:
         return " ".join(pieces)
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text for a conversation; ValueError (a 400) on malformed messages."""
         return render_chat_template(self.chat_template, messages, add_generation_prompt, tools, self.template_tokens)
@@ -93,7 +98,13 @@ def load_tokenizer(path: Path) -> Tokenizer:
         raise ModelPathError(f"tokenizer path {path} does not exist")
     gguf = load_gguf_tokenizer(path)
     return _assemble(
-        gguf.backend, path, gguf.chat_template, gguf.bos_token_id, gguf.eos_token_ids, gguf.add_bos_token, gguf.template_tokens
+        gguf.backend,
+        path,
+        gguf.chat_template,
+        gguf.bos_token_id,
+        gguf.eos_token_ids,
+        gguf.add_bos_token,
+        gguf.template_tokens,
     )
 
 
@@ -163,8 +174,16 @@ def _from_hf_dir(path: Path) -> Tokenizer:
     if add_bos is None:  # not stated: whatever tokenizer.json's post-processor does
         add_bos = bos_id is not None and backend.encode("", add_special_tokens=True).ids[:1] == [bos_id]
     return _assemble(
-        backend, path, _hf_chat_template(path, config), bos_id,
-        tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)), bool(add_bos),
-        {"bos_token": bos_token, "eos_token": eos_token, "unk_token": _token_text(config.get("unk_token")),
-         "pad_token": _token_text(config.get("pad_token"))},
+        backend,
+        path,
+        _hf_chat_template(path, config),
+        bos_id,
+        tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
+        bool(add_bos),
+        {
+            "bos_token": bos_token,
+            "eos_token": eos_token,
+            "unk_token": _token_text(config.get("unk_token")),
+            "pad_token": _token_text(config.get("pad_token")),
+        },
     )

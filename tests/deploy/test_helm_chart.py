@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.chart_checks import CHART, Helm, by_kind, container, manifest_errors, one
-from support.helm_binary import helm_binary
 
 from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
+from support.chart_checks import CHART, Helm, by_kind, container, manifest_errors, one
+from support.helm_binary import helm_binary
 
 GPU_VALUES = CHART / "ci" / "gpu-tp8-values.yaml"
 MULTINODE_VALUES = CHART / "ci" / "multinode-values.yaml"
@@ -75,7 +75,8 @@ def test_objects_reference_each_other(rendered: tuple[str, list[dict[str, Any]]]
         e["valueFrom"]["secretKeyRef"]["name"]
         for workload in by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
         for c in workload["spec"]["template"]["spec"]["containers"]
-        for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
     ]
     assert refs and set(refs) <= secrets | existing
 
@@ -138,11 +139,15 @@ def test_multinode_joins_the_ray_head(helm: Helm) -> None:
 
 
 def test_no_key_means_no_auth_anywhere(helm: Helm) -> None:
-    docs = helm.template(CHART, sets=("apiKey.create=false", "monitoring.serviceMonitor.enabled=true",
-                                      "probes.readiness.path=/health"))
+    docs = helm.template(
+        CHART, sets=("apiKey.create=false", "monitoring.serviceMonitor.enabled=true", "probes.readiness.path=/health")
+    )
     assert server_args(docs).api_key is None and not by_kind(docs, "Secret")
     assert "authorization" not in one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
-    assert "127.0.0.1:30000/health\"" in container(one(docs, "Deployment"), "server")["readinessProbe"]["exec"]["command"][-1]
+    assert (
+        '127.0.0.1:30000/health"'
+        in container(one(docs, "Deployment"), "server")["readinessProbe"]["exec"]["command"][-1]
+    )
 
 
 def test_bad_values_are_refused(helm: Helm) -> None:
@@ -153,7 +158,7 @@ def test_bad_values_are_refused(helm: Helm) -> None:
 
 BREAKS = {
     # A template that no longer parses: lint and render fail.
-    "syntax": ("service.yaml", "{{ include \"radixcluster.fullname\" . }}", "{{ include \"radixcluster.fullname\" . "),
+    "syntax": ("service.yaml", '{{ include "radixcluster.fullname" . }}', '{{ include "radixcluster.fullname" . '),
     # Renders and lints, but a field the Deployment schema does not have: only validation sees it.
     "schema": ("deployment.yaml", "containerPort:", "containerPorts:"),
 }

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.chart_checks import REPO
 
 from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
+from support.chart_checks import REPO
 
 DOCKERFILES = {name: REPO / "deploy" / f"Dockerfile.{name}" for name in ("cpu", "cuda")}
 # The PyPI packages the install steps pin or treat specially; the project itself is `.`.
@@ -34,7 +34,7 @@ def pip_installs(text: str) -> set[tuple[str, bool]]:
         starts = [i for i in range(1, len(words)) if words[i] == "install" and "pip" in words[i - 1].lower()]
         if not starts:
             continue
-        args = words[starts[0] + 1:]
+        args = words[starts[0] + 1 :]
         skip_next = False
         for arg in args:
             if skip_next:
@@ -59,7 +59,7 @@ def cli_args(words: list[str]) -> ServerArgs:
 def instruction(dockerfile: Path, name: str) -> str:
     """The last ``name`` instruction, continuation lines joined."""
     text = dockerfile.read_text().replace("\\\n", " ")
-    return [line for line in text.splitlines() if line.startswith(f"{name} ")][-1][len(name) + 1:]
+    return [line for line in text.splitlines() if line.startswith(f"{name} ")][-1][len(name) + 1 :]
 
 
 @pytest.mark.parametrize("source", ["Makefile", "README.md"])

@@ -5,28 +5,61 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
-from support.chart_checks import CHART, REPO
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixcluster.router.api import metrics as api_metrics
+from support.chart_checks import CHART, REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "radixcluster-dashboard.json"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
 # What PromQL expressions may name besides metrics: functions, keywords, labels, time units.
 PROMQL_WORDS = {
-    "sum", "min", "max", "avg", "count", "by", "without", "on", "ignoring", "group_left", "and", "or",
-    "unless", "offset", "rate", "irate", "increase", "deriv", "histogram_quantile", "min_over_time",
-    "max_over_time", "avg_over_time", "label_values", "le", "job", "instance", "pod", "namespace",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "rate",
+    "irate",
+    "increase",
+    "deriv",
+    "histogram_quantile",
+    "min_over_time",
+    "max_over_time",
+    "avg_over_time",
+    "label_values",
+    "le",
+    "job",
+    "instance",
+    "pod",
+    "namespace",
 }
 ISSUE_METRICS = {
-    "radixcluster_prompt_tokens_total", "radixcluster_cached_tokens_total", "radixcluster_generation_tokens_total",
-    "radixcluster_requests_total", "radixcluster_radix_cache_hit_total", "radixcluster_evicted_tokens_total",
-    "radixcluster_num_running_reqs", "radixcluster_num_waiting_reqs", "radixcluster_token_usage",
-    "radixcluster_time_to_first_token_seconds_bucket", "radixcluster_inter_token_latency_seconds_bucket",
+    "radixcluster_prompt_tokens_total",
+    "radixcluster_cached_tokens_total",
+    "radixcluster_generation_tokens_total",
+    "radixcluster_requests_total",
+    "radixcluster_radix_cache_hit_total",
+    "radixcluster_evicted_tokens_total",
+    "radixcluster_num_running_reqs",
+    "radixcluster_num_waiting_reqs",
+    "radixcluster_token_usage",
+    "radixcluster_time_to_first_token_seconds_bucket",
+    "radixcluster_inter_token_latency_seconds_bucket",
     "radixcluster_e2e_request_latency_seconds_bucket",
 }
 
@@ -87,8 +120,12 @@ def test_dashboard_reads_counters_as_rates() -> None:
 def test_alerts_query_exported_metrics(exported: set[str]) -> None:
     rules = alert_rules()
     names = {r["alert"] for r in rules}
-    assert {"RadixclusterDown", "RadixclusterCacheHitRateCollapse", "RadixclusterQueueGrowing",
-            "RadixclusterKVCacheExhausted"} == names
+    assert {
+        "RadixclusterDown",
+        "RadixclusterCacheHitRateCollapse",
+        "RadixclusterQueueGrowing",
+        "RadixclusterKVCacheExhausted",
+    } == names
     for rule in rules:
         assert metric_names(rule["expr"]) <= exported | {"up"}, rule["alert"]
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -100,6 +137,8 @@ def test_metric_name_check_catches_a_typo(exported: set[str]) -> None:
 
 
 def test_chart_ships_these_files() -> None:
-    for shipped, source in ((CHART / "files" / "alerts.yaml", ALERTS),
-                            (CHART / "files" / "radixcluster-dashboard.json", DASHBOARD)):
+    for shipped, source in (
+        (CHART / "files" / "alerts.yaml", ALERTS),
+        (CHART / "files" / "radixcluster-dashboard.json", DASHBOARD),
+    ):
         assert shipped.resolve() == source.resolve()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 import requests
+
 from support.api_helpers import TIMEOUT_S, assert_error
 from support.servers import launch_server
 
@@ -24,8 +25,19 @@ def test_health_needs_no_key(secured):
     assert requests.get(secured.url + "/health", timeout=TIMEOUT_S).status_code == 200
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}], ids=["missing", "wrong", "no-bearer"])
-@pytest.mark.parametrize("method,path", [("POST", "/generate"), ("GET", "/metrics"), ("GET", "/cache_info"), ("GET", "/v1/models"), ("POST", "/flush_cache")])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}], ids=["missing", "wrong", "no-bearer"]
+)
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/generate"),
+        ("GET", "/metrics"),
+        ("GET", "/cache_info"),
+        ("GET", "/v1/models"),
+        ("POST", "/flush_cache"),
+    ],
+)
 def test_requests_without_the_key_are_refused(secured, headers, method, path):
     resp = requests.request(method, secured.url + path, json=GENERATE, headers=headers, timeout=TIMEOUT_S)
     assert_error(resp, 401, "API key")

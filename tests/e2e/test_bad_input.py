@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+
 from support.api_helpers import TIMEOUT_S, assert_error, generate, post
 
 pytestmark = pytest.mark.slow
@@ -53,13 +54,25 @@ OPENAI_CASES = {
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
         "content",
     ),
-    "chat with a bad response_format": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}, "response_format"),
-    "chat with negative max_tokens": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+    "chat with a bad response_format": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}},
+        "response_format",
+    ),
+    "chat with negative max_tokens": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
+        "max_tokens",
+    ),
     "completion with echo": ("/v1/completions", {"prompt": TEXT, "echo": True}, "echo"),
     "completion with an empty prompt": ("/v1/completions", {"prompt": ""}, "empty"),
     "completion without a prompt": ("/v1/completions", {"max_tokens": 3}, "prompt"),
     "completion with top_p zero": ("/v1/completions", {"prompt": TEXT, "top_p": 0}, "top_p"),
-    "completion with regex and json_schema": ("/v1/completions", {"prompt": TEXT, "regex": "a+", "json_schema": "{}"}, "at most one"),
+    "completion with regex and json_schema": (
+        "/v1/completions",
+        {"prompt": TEXT, "regex": "a+", "json_schema": "{}"},
+        "at most one",
+    ),
 }
 
 
@@ -82,7 +95,12 @@ def test_openai_request_validation(server, still_serves, path, body, word):
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/completions", "/v1/chat/completions"])
 def test_malformed_json(server, still_serves, path):
-    resp = requests.post(server.url + path, data=b'{"text": "hi",', headers={**server.headers(), "Content-Type": "application/json"}, timeout=TIMEOUT_S)
+    resp = requests.post(
+        server.url + path,
+        data=b'{"text": "hi",',
+        headers={**server.headers(), "Content-Type": "application/json"},
+        timeout=TIMEOUT_S,
+    )
     assert_error(resp, 400, "invalid JSON")
 
 
@@ -93,7 +111,12 @@ def test_empty_body(server, still_serves):
 
 def test_oversized_body(server, still_serves):
     body = b'{"text": "' + b"a" * (17 * 2**20) + b'"}'
-    resp = requests.post(server.url + "/generate", data=body, headers={**server.headers(), "Content-Type": "application/json"}, timeout=TIMEOUT_S)
+    resp = requests.post(
+        server.url + "/generate",
+        data=body,
+        headers={**server.headers(), "Content-Type": "application/json"},
+        timeout=TIMEOUT_S,
+    )
     assert_error(resp, 413, "exceeds")
 
 

@@ -13,9 +13,9 @@ import pytest
 import requests
 import torch
 
+from radixcluster.process_tree import descendants, is_running
 from support.api_helpers import generate, get, post, sse_events
 from support.servers import free_port, launch_server, radixcluster_command
-from radixcluster.process_tree import descendants, is_running
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,11 @@ def test_shared_prefix_is_reused_page_aligned_and_flushed():
 
 
 def stream_text(server, prompt: str) -> str:
-    body = {"text": prompt, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}
+    body = {
+        "text": prompt,
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+    }
     events = sse_events(post(server, "/generate", body, stream=True))
     assert events[-1] == "[DONE]"
     assert events[-2]["meta_info"]["completion_tokens"] == 8
@@ -130,7 +134,10 @@ def test_the_url_is_printed_when_ready():
     port = free_port()
     process = subprocess.Popen(
         [*radixcluster_command(), "up", "--port", str(port)],
-        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = process.stdout.readline()

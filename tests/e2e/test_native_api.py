@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+
 from support.api_helpers import GREEDY, TIMEOUT_S, generate, get, metric_value, post, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
@@ -74,14 +75,19 @@ def test_batch_with_n_keeps_input_order_and_distinct_ids(server):
 def test_text_batch_with_per_prompt_sampling_params(server):
     body = {
         "text": [PROMPT, "Water boils at"],
-        "sampling_params": [{**GREEDY, "max_new_tokens": 2, "ignore_eos": True}, {**GREEDY, "max_new_tokens": 5, "ignore_eos": True}],
+        "sampling_params": [
+            {**GREEDY, "max_new_tokens": 2, "ignore_eos": True},
+            {**GREEDY, "max_new_tokens": 5, "ignore_eos": True},
+        ],
     }
     results = post(server, "/generate", body).json()
     assert [r["meta_info"]["completion_tokens"] for r in results] == [2, 5]
 
 
 def test_single_prompt_with_n_returns_a_list(server):
-    results = post(server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}).json()
+    results = post(
+        server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}
+    ).json()
     assert isinstance(results, list) and len(results) == 3
 
 
@@ -90,7 +96,9 @@ def test_streaming_chunks_are_cumulative_and_end_with_done(server):
     with requests.post(
         server.url + "/generate",
         json={"text": PROMPT, "sampling_params": params, "stream": True},
-        headers=server.headers(), stream=True, timeout=TIMEOUT_S,
+        headers=server.headers(),
+        stream=True,
+        timeout=TIMEOUT_S,
     ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -155,8 +163,13 @@ def test_metrics_counters_grow_with_requests(server):
     resp = get(server, "/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
     assert "radixcluster_cache_hit_rate" not in resp.text
-    names = ("radixcluster_requests_total", "radixcluster_generation_tokens_total", "radixcluster_prompt_tokens_total",
-             "sglang_radix_cache_hit_total", "radixcluster_e2e_request_latency_seconds_count")
+    names = (
+        "radixcluster_requests_total",
+        "radixcluster_generation_tokens_total",
+        "radixcluster_prompt_tokens_total",
+        "sglang_radix_cache_hit_total",
+        "radixcluster_e2e_request_latency_seconds_count",
+    )
     before = {name: metric_value(server, name) for name in names}
     generate(server, LONG_PROMPT, max_new_tokens=3, sampling_params={"ignore_eos": True})
     generate(server, LONG_PROMPT, max_new_tokens=3, sampling_params={"ignore_eos": True})
@@ -165,7 +178,10 @@ def test_metrics_counters_grow_with_requests(server):
     assert after["radixcluster_generation_tokens_total"] >= before["radixcluster_generation_tokens_total"] + 6
     assert after["radixcluster_prompt_tokens_total"] > before["radixcluster_prompt_tokens_total"]
     assert after["sglang_radix_cache_hit_total"] >= before["sglang_radix_cache_hit_total"] + 1
-    assert after["radixcluster_e2e_request_latency_seconds_count"] >= before["radixcluster_e2e_request_latency_seconds_count"] + 2
+    assert (
+        after["radixcluster_e2e_request_latency_seconds_count"]
+        >= before["radixcluster_e2e_request_latency_seconds_count"] + 2
+    )
     assert metric_value(server, "radixcluster_radix_cache_hit_total") == after["sglang_radix_cache_hit_total"]
 
 
@@ -180,7 +196,9 @@ def _long_request(stream: bool) -> dict:
 def test_streaming_client_that_leaves_aborts_its_request(server):
     wait_idle(server)
     generated = metric_value(server, "radixcluster_generation_tokens_total")
-    with requests.post(server.url + "/generate", json=_long_request(True), headers=server.headers(), stream=True, timeout=TIMEOUT_S) as resp:
+    with requests.post(
+        server.url + "/generate", json=_long_request(True), headers=server.headers(), stream=True, timeout=TIMEOUT_S
+    ) as resp:
         next(resp.iter_lines())
     wait_idle(server)
     assert metric_value(server, "radixcluster_generation_tokens_total") - generated < LONG_RUN

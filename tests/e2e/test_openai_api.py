@@ -58,7 +58,12 @@ def test_chat_streaming_matches_the_whole_answer(client, model):
     whole = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
     chunks = list(
         client.chat.completions.create(
-            model=model, messages=QUESTION, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+            model=model,
+            messages=QUESTION,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -71,14 +76,21 @@ def test_chat_streaming_matches_the_whole_answer(client, model):
 
 
 def test_chat_logprobs(client, model):
-    resp = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    resp = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+    )
     entries = resp.choices[0].logprobs.content
     assert len(entries) == resp.usage.completion_tokens
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
 
 
 def test_chat_json_schema_response_format(client, model):
-    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"enum": ["yes", "no"]}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     resp = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Is Paris in France? Answer in JSON."}],
@@ -101,7 +113,9 @@ def test_completion_from_text_and_token_ids(client, model):
 
 
 def test_completion_default_max_tokens_is_16(client, model):
-    resp = client.completions.create(model=model, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True})
+    resp = client.completions.create(
+        model=model, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True}
+    )
     assert resp.usage.completion_tokens == 16 and resp.choices[0].finish_reason == "length"
 
 
@@ -109,12 +123,16 @@ def test_completion_batch_with_n_orders_choices_prompt_major(client, model):
     prompts = ["The capital of France is", "One, two, three, four,"]
     resp = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=4, temperature=0)
     assert [c.index for c in resp.choices] == [0, 1, 2, 3]
-    singles = [client.completions.create(model=model, prompt=p, max_tokens=4, temperature=0).choices[0].text for p in prompts]
+    singles = [
+        client.completions.create(model=model, prompt=p, max_tokens=4, temperature=0).choices[0].text for p in prompts
+    ]
     assert [c.text for c in resp.choices] == [singles[0], singles[0], singles[1], singles[1]]
 
 
 def test_completion_logprobs(client, model):
-    resp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=3)
+    resp = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=3
+    )
     lp = resp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == resp.usage.completion_tokens
     assert all(len(top) == 3 for top in lp.top_logprobs)
@@ -124,7 +142,12 @@ def test_completion_streaming_matches_the_whole_text(client, model):
     whole = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
     chunks = list(
         client.completions.create(
-            model=model, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+            model=model,
+            prompt="The capital of France is",
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text

@@ -29,8 +29,16 @@ def ray_head(num_cpus: int) -> Iterator[str]:
     ray = Path(sys.executable).parent / "ray"
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [
-        str(ray), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
-        "--node-ip-address=127.0.0.1", "--include-dashboard=false", f"--temp-dir={tempfile.mkdtemp(prefix='rh-')}",
+        str(ray),
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false",
+        f"--temp-dir={tempfile.mkdtemp(prefix='rh-')}",
     ]
     head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -58,7 +66,9 @@ def test_a_cluster_without_room_fails_fast_with_a_message():
         start = time.monotonic()
         done = subprocess.run(
             [*radixcluster_command(), "up", "--port", str(free_port()), "--ray-address", address],
-            capture_output=True, text=True, timeout=240,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert done.returncode == 2
         assert "cannot host --tp-size 1" in done.stderr and "CPU" in done.stderr

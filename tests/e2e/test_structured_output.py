@@ -11,6 +11,7 @@ import jsonschema
 import openai
 import pytest
 import requests
+
 from support.api_helpers import assert_error, generate, post
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,10 @@ PERSON = {
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 2},
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 10}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
             "required": ["city", "zip"],
         },
     },
@@ -43,7 +47,12 @@ def sampled_batch(server, text: str, count: int, max_new_tokens: int, **grammar)
     """``count`` generations of ``text`` at temperature 0.9, each with its own seed, in one request."""
     params = [{"temperature": 0.9, "seed": seed, "max_new_tokens": max_new_tokens, **grammar} for seed in range(count)]
     # the whole batch answers at once: on a loaded CPU that takes minutes
-    resp = requests.post(server.url + "/generate", json={"text": [text] * count, "sampling_params": params}, headers=server.headers(), timeout=900)
+    resp = requests.post(
+        server.url + "/generate",
+        json={"text": [text] * count, "sampling_params": params},
+        headers=server.headers(),
+        timeout=900,
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -74,7 +83,9 @@ def test_ebnf_outputs_are_sentences_of_the_grammar(server):
 def test_greedy_constrained_streaming_equals_the_whole_answer(server):
     params = {"temperature": 0, "max_new_tokens": 40, "regex": REGEXES["date"]}
     whole = generate(server, "The date today is ", sampling_params=params)["text"]
-    resp = post(server, "/generate", {"text": "The date today is ", "sampling_params": params, "stream": True}, stream=True)
+    resp = post(
+        server, "/generate", {"text": "The date today is ", "sampling_params": params, "stream": True}, stream=True
+    )
     chunks = [json.loads(line[6:]) for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: {")]
     assert chunks[-1]["text"] == whole and re.fullmatch(REGEXES["date"], whole)
 
@@ -119,6 +130,9 @@ def test_a_bad_grammar_is_a_400_that_says_why(server, grammar, words):
 def test_a_bad_schema_through_openai_is_a_400(server):
     body = {
         "messages": [{"role": "user", "content": "hi"}],
-        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties": 3}},
+        },
     }
     assert_error(post(server, "/v1/chat/completions", body), 400, "invalid json_schema", "properties")

@@ -65,8 +65,16 @@ def test_runner_on_triton_gives_the_torch_runners_logits(model_path: Path) -> No
     weights = list(iter_weights(model_path, load_model_config(model_path)))
     runners = {
         name: ModelRunner(
-            RunnerConfig(model_path=model_path, num_pages=8, page_size=16, max_slots=2, max_context_len=64,
-                         dtype=torch.float32, device=DEVICE, attention_backend=name),
+            RunnerConfig(
+                model_path=model_path,
+                num_pages=8,
+                page_size=16,
+                max_slots=2,
+                max_context_len=64,
+                dtype=torch.float32,
+                device=DEVICE,
+                attention_backend=name,
+            ),
             weights=weights,
         )
         for name in ("torch", "triton")

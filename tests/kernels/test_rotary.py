@@ -19,7 +19,9 @@ LLAMA3 = {
 }
 
 
-@pytest.mark.parametrize("scaling", [None, LLAMA3, {"rope_type": "linear", "factor": 4.0}], ids=["plain", "llama3", "linear"])
+@pytest.mark.parametrize(
+    "scaling", [None, LLAMA3, {"rope_type": "linear", "factor": 4.0}], ids=["plain", "llama3", "linear"]
+)
 def test_rotary_matches_transformers(scaling: dict | None) -> None:
     theta, head_dim = 500000.0, 64
     config = LlamaConfig(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from support.paged_case import Case
 
 triton = pytest.importorskip("triton")

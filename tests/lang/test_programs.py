@@ -35,7 +35,10 @@ def multi_round_chat(s):
 
 
 def test_multi_round_chat_reuses_each_earlier_round(server, backend, tokenizer):
-    prompt_before, cached_before = metric(server, "radixcluster_prompt_tokens_total"), metric(server, "radixcluster_cached_tokens_total")
+    prompt_before, cached_before = (
+        metric(server, "radixcluster_prompt_tokens_total"),
+        metric(server, "radixcluster_cached_tokens_total"),
+    )
     state = multi_round_chat.run(backend=backend)
     metas = [state.get_meta_info(f"answer{i}") for i in (1, 2, 3)]
     assert all(state[f"answer{i}"] for i in (1, 2, 3))
@@ -81,8 +84,15 @@ def _normalized_logprob(server, tokenizer, prefix: str, choice: str) -> float:
     prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
     full_ids = tokenizer.encode(prefix + choice, add_special_tokens=False)
     split = next(i for i, (a, b) in enumerate(zip([*prefix_ids, None], full_ids)) if a != b)
-    body = {"text": prefix + choice, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0}
-    entries = requests.post(f"{server.url}/generate", json=body, timeout=TIMEOUT_S).json()["meta_info"]["input_token_logprobs"]
+    body = {
+        "text": prefix + choice,
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    entries = requests.post(f"{server.url}/generate", json=body, timeout=TIMEOUT_S).json()["meta_info"][
+        "input_token_logprobs"
+    ]
     assert [entry[1] for entry in entries] == full_ids
     values = [entry[0] for entry in entries[split:]]
     return sum(values) / len(values)

@@ -8,13 +8,13 @@ import re
 
 import numpy as np
 import pytest
-from support.stand_in_executor import StandInExecutor, reference_generate
 
 from radixcluster.protocol import ForwardBatch, SamplingParams, StepResult
 from radixcluster.router.grammar import GrammarCache, GrammarError, RequestGrammar, build_vocab_mask
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
+from support.stand_in_executor import StandInExecutor, reference_generate
 
 VOCAB = 49152  # SmolLM2's logits
 PHONE = r"\(\d{3}\) \d{3}-\d{4}"
@@ -85,7 +85,9 @@ def test_no_grammar_no_matcher(grammars):
 def test_the_mask_allows_exactly_the_grammars_next_tokens(grammars, tokenizer):
     grammar = grammars.for_request(SamplingParams(regex="(yes|no)"))
     texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.vocab_size)}
-    expected = {i for i, t in texts.items() if t and ("yes".startswith(t) or "no".startswith(t)) and not tokenizer.is_special(i)}
+    expected = {
+        i for i, t in texts.items() if t and ("yes".startswith(t) or "no".startswith(t)) and not tokenizer.is_special(i)
+    }
     assert expected and next_allowed(grammar) == expected
     for token in tokenizer.encode("ye", add_special_tokens=False):
         assert grammar.accept(token) is None
@@ -160,7 +162,13 @@ def prompt(seed: int, n: int = 40) -> np.ndarray:
 def test_grammar_requests_follow_their_grammar_and_others_are_untouched(grammars, tokenizer):
     s, ex = make(num_pages=4096, chunk=64)
     constrained = [
-        Request(f"g{i}", prompt(i, 100), SamplingParams(max_new_tokens=64, regex=PHONE), tokenizer.eos_token_ids, grammar=grammars.for_request(SamplingParams(regex=PHONE)))
+        Request(
+            f"g{i}",
+            prompt(i, 100),
+            SamplingParams(max_new_tokens=64, regex=PHONE),
+            tokenizer.eos_token_ids,
+            grammar=grammars.for_request(SamplingParams(regex=PHONE)),
+        )
         for i in range(3)
     ]
     free = Request("free", prompt(9), SamplingParams(max_new_tokens=16, ignore_eos=True), (7,))
@@ -168,7 +176,10 @@ def test_grammar_requests_follow_their_grammar_and_others_are_untouched(grammars
         s.add_request(r)
     run(s, ex)
     for r in constrained:
-        assert r.finish_reason == {"type": "stop", "matched": r.output_ids[-1]} and r.output_ids[-1] in tokenizer.eos_token_ids
+        assert (
+            r.finish_reason == {"type": "stop", "matched": r.output_ids[-1]}
+            and r.output_ids[-1] in tokenizer.eos_token_ids
+        )
         assert re.fullmatch(PHONE, tokenizer.decode(r.output_ids)), tokenizer.decode(r.output_ids)
     assert free.output_ids == reference_generate(free.prompt_ids, 16)
     # chunked prefill (100-token prompts, 64-token chunks): a first chunk samples nothing, so no mask
@@ -183,7 +194,13 @@ def test_no_grammar_in_the_batch_means_no_mask():
 
 
 def test_retracted_grammar_requests_resume_where_they_were(grammars, tokenizer):
-    schema = json.dumps({"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["red", "green"]}}, "required": ["id", "tag"]})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}, "tag": {"enum": ["red", "green"]}},
+            "required": ["id", "tag"],
+        }
+    )
     sp = SamplingParams(max_new_tokens=24, json_schema=schema)
     shared = prompt(20, 30)
     outputs = {}

@@ -20,15 +20,27 @@ _rids = itertools.count()
 
 @pytest.fixture(scope="module")
 def runner(model_path) -> ModelRunner:
-    return ModelRunner(RunnerConfig(model_path=model_path, num_pages=PAGES, page_size=1, max_slots=8, max_context_len=8192))
+    return ModelRunner(
+        RunnerConfig(model_path=model_path, num_pages=PAGES, page_size=1, max_slots=8, max_context_len=8192)
+    )
 
 
 @pytest.fixture()
 def router(model_path) -> Router:
     config = RouterConfig(
-        model_path=model_path, served_model_name=served_model_name(model_path), num_pages=PAGES, page_size=1,
-        context_length=8192, max_running_requests=8, chunked_prefill_size=64, schedule_policy="lpm",
-        eviction_policy="lru", enable_radix_cache=True, tp_size=1, device="cpu", dtype="float32",
+        model_path=model_path,
+        served_model_name=served_model_name(model_path),
+        num_pages=PAGES,
+        page_size=1,
+        context_length=8192,
+        max_running_requests=8,
+        chunked_prefill_size=64,
+        schedule_policy="lpm",
+        eviction_policy="lru",
+        enable_radix_cache=True,
+        tp_size=1,
+        device="cpu",
+        dtype="float32",
     )
     return Router(config)
 
@@ -138,7 +150,11 @@ def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
     sampling = {"temperature": 1.0, "seed": 8, "max_new_tokens": 40}  # its answer re-encodes differently from token 14
     first = request(messages=first_turn, sampling=dict(sampling))
     answer = run(router, runner, first)[first.rid][-1]
-    second_turn = [*first_turn, {"role": "assistant", "content": answer.text}, {"role": "user", "content": "再写一首。"}]
+    second_turn = [
+        *first_turn,
+        {"role": "assistant", "content": answer.text},
+        {"role": "user", "content": "再写一首。"},
+    ]
     second = request(messages=second_turn, sampling=dict(sampling))
     reply = run(router, runner, second)[second.rid][-1]
     answer_ids = [t for t in answer.output_ids if t not in router.tokenizer.eos_token_ids]

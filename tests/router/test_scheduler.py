@@ -7,23 +7,27 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.stand_in_executor import StandInExecutor, next_token, reference_generate
 
 from radixcluster.protocol import SamplingParams, StepResult
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
+from support.stand_in_executor import StandInExecutor, next_token, reference_generate
 
 EOS = 7
 
 
-def make(num_pages: int = 256, page_size: int = 1, max_running: int = 8, chunk: int = 512, ctx: int = 8192, **kw) -> tuple[Scheduler, StandInExecutor]:
+def make(
+    num_pages: int = 256, page_size: int = 1, max_running: int = 8, chunk: int = 512, ctx: int = 8192, **kw
+) -> tuple[Scheduler, StandInExecutor]:
     cfg = SchedulerConfig(num_pages, page_size, max_running, chunk, ctx, **kw)
     return Scheduler(cfg), StandInExecutor(num_pages, page_size, max_running, ctx // page_size + 1)
 
 
 def req(rid: str, prompt, max_new: int = 8, salt: str | None = None, **sp) -> Request:
     sp.setdefault("ignore_eos", True)
-    return Request(rid, np.asarray(prompt, dtype=np.int32), SamplingParams(max_new_tokens=max_new, **sp), (EOS,), cache_salt=salt)
+    return Request(
+        rid, np.asarray(prompt, dtype=np.int32), SamplingParams(max_new_tokens=max_new, **sp), (EOS,), cache_salt=salt
+    )
 
 
 def step(s: Scheduler, ex: StandInExecutor):
@@ -87,7 +91,11 @@ def test_dfs_weight_groups_requests_of_the_heaviest_subtree() -> None:
     a, b = rand(40, 1), rand(40, 2)
     warm(s, ex, np.concatenate([a, [1]]))
     warm(s, ex, np.concatenate([b, [1]]))
-    reqs = [req("a0", np.concatenate([a, [5]])), req("b0", np.concatenate([b, [5]])), req("b1", np.concatenate([b, [6]]))]
+    reqs = [
+        req("a0", np.concatenate([a, [5]])),
+        req("b0", np.concatenate([b, [5]])),
+        req("b1", np.concatenate([b, [6]])),
+    ]
     for r in reqs:
         s.add_request(r)
     assert [r.rid for r in s.policy.order(s.waiting)] == ["b0", "b1", "a0"]
@@ -290,7 +298,11 @@ def test_stop_token_eos_context_length_and_finish_request() -> None:
 def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
     s, ex = make(page_size=4)
     plain = req("plain", rand(10, 16), max_new=6)
-    pen = Request("pen", rand(10, 17), SamplingParams(max_new_tokens=6, temperature=0.5, top_k=5, seed=3, frequency_penalty=0.5, ignore_eos=True))
+    pen = Request(
+        "pen",
+        rand(10, 17),
+        SamplingParams(max_new_tokens=6, temperature=0.5, top_k=5, seed=3, frequency_penalty=0.5, ignore_eos=True),
+    )
     s.add_request(plain)
     s.add_request(pen)
     prefill = s.schedule()
@@ -309,7 +321,14 @@ def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
     s, ex = make()
     prompt = rand(30, 18)
     warm(s, ex, prompt)
-    r = Request("lp", prompt, SamplingParams(max_new_tokens=2, ignore_eos=True), return_logprob=True, top_logprobs_num=2, logprob_start_len=10)
+    r = Request(
+        "lp",
+        prompt,
+        SamplingParams(max_new_tokens=2, ignore_eos=True),
+        return_logprob=True,
+        top_logprobs_num=2,
+        logprob_start_len=10,
+    )
     s.add_request(r)
     batch = s.schedule()
     fwd = batch.forward
@@ -363,7 +382,9 @@ def test_a_worker_error_aborts_the_batch_and_a_stale_result_is_refused() -> None
     batch = s.schedule()
     with pytest.raises(ValueError, match="step"):
         s.process_result(batch, StepResult(step_id=batch.forward.step_id + 1, next_token_ids=np.zeros(1, np.int32)))
-    failed = s.process_result(batch, StepResult(step_id=batch.forward.step_id, next_token_ids=np.zeros(0, np.int32), error="boom"))
+    failed = s.process_result(
+        batch, StepResult(step_id=batch.forward.step_id, next_token_ids=np.zeros(0, np.int32), error="boom")
+    )
     assert failed == [r] and r.finish_reason["type"] == "abort" and "boom" in r.finish_reason["message"]
     assert s.is_idle() and s.allocator.num_free == 256
 
@@ -380,7 +401,8 @@ def test_a_worker_error_aborts_the_batch_and_a_stale_result_is_refused() -> None
     chunk=st.sampled_from([16, 64, 1024]),
     specs=st.lists(
         st.tuples(st.integers(0, 2), st.integers(1, 40), st.integers(0, 12), st.sampled_from([None, "t"])),
-        min_size=1, max_size=10,
+        min_size=1,
+        max_size=10,
     ),
     aborts=st.lists(st.integers(0, 9), max_size=2),
 )
@@ -388,8 +410,15 @@ def test_random_workloads_match_the_reference(page_size, pool_factor, policy, ca
     trunks = [rand(48, 50 + i) for i in range(3)]
     prompts = [np.concatenate([trunks[t][: 16 * (t + 1)], rand(n, 60 + i)]) for i, (t, n, _, _) in enumerate(specs)]
     need = max(-(-(len(p) + m) // page_size) for p, (_, _, m, _) in zip(prompts, specs))
-    s, ex = make(num_pages=need * pool_factor + 1, page_size=page_size, max_running=4, chunk=max(chunk, page_size),
-                 ctx=256, schedule_policy=policy, enable_radix_cache=cache)
+    s, ex = make(
+        num_pages=need * pool_factor + 1,
+        page_size=page_size,
+        max_running=4,
+        chunk=max(chunk, page_size),
+        ctx=256,
+        schedule_policy=policy,
+        enable_radix_cache=cache,
+    )
     reqs = [req(f"r{i}", p, max_new=m, salt=salt) for i, (p, (_, _, m, salt)) in enumerate(zip(prompts, specs))]
     for r in reqs:
         s.add_request(r)

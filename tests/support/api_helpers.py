@@ -32,7 +32,7 @@ def sse_events(resp: requests.Response) -> list[Any]:
     events = []
     for line in resp.iter_lines(decode_unicode=True):
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -50,7 +50,10 @@ def wait_idle(server, deadline_s: float = 300) -> None:
     """Wait until the router runs and queues nothing (bounded, for cleanup checks)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if metric_value(server, "radixcluster_num_running_reqs") == 0 and metric_value(server, "radixcluster_num_waiting_reqs") == 0:
+        if (
+            metric_value(server, "radixcluster_num_running_reqs") == 0
+            and metric_value(server, "radixcluster_num_waiting_reqs") == 0
+        ):
             return
         time.sleep(0.2)
     raise AssertionError("the router still has requests after the deadline")

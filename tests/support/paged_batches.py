@@ -85,5 +85,7 @@ class PageBook:
             table_counts=i32(table_counts),
             table_pages=i32(table_pages),
             sampling=greedy_sampling(len(requests)),
-            logprob_starts=i32([r.logprob_start for r in requests]) if any(r.logprob_start >= 0 for r in requests) else None,
+            logprob_starts=i32([r.logprob_start for r in requests])
+            if any(r.logprob_start >= 0 for r in requests)
+            else None,
         )

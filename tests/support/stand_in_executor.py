@@ -23,7 +23,9 @@ def next_token(context: np.ndarray) -> int:
     return int.from_bytes(digest, "little") % VOCAB
 
 
-def reference_generate(prompt: np.ndarray, max_new_tokens: int, eos: tuple[int, ...] = (), max_context_len: int = 1 << 30) -> list[int]:
+def reference_generate(
+    prompt: np.ndarray, max_new_tokens: int, eos: tuple[int, ...] = (), max_context_len: int = 1 << 30
+) -> list[int]:
     """What an exact executor must produce for ``prompt`` (greedy, no cache)."""
     ctx = [int(t) for t in prompt]
     out: list[int] = []

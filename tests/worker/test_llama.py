@@ -7,12 +7,12 @@ import functools
 
 import pytest
 import torch
-from support.paged_batches import Extend, PageBook
 
 from radixcluster.model_config import load_model_config
 from radixcluster.worker.llama import LlamaForCausalLM
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from radixcluster.worker.parallel import TPGroup
+from support.paged_batches import Extend, PageBook
 
 TEXTS = [
     "Hi",
@@ -45,7 +45,13 @@ def reference(hf_model):
 
 @pytest.fixture(scope="module", params=[1, 16], ids=["page1", "page16"])
 def runner(request, model_path, hf_model) -> ModelRunner:
-    config = RunnerConfig(model_path=model_path, num_pages=4096 // request.param, page_size=request.param, max_slots=16, max_context_len=512)
+    config = RunnerConfig(
+        model_path=model_path,
+        num_pages=4096 // request.param,
+        page_size=request.param,
+        max_slots=16,
+        max_context_len=512,
+    )
     return ModelRunner(config, weights=hf_model.state_dict().items())
 
 
@@ -86,7 +92,13 @@ def test_mixed_batch_equals_each_request_alone(runner, prompts, reference) -> No
     a, b, c, d = prompts
     mixed = PageBook(runner.config.page_size, runner.config.num_pages, seed=1)
     runner.forward(mixed.batch([Extend(0, a, 0), Extend(1, b, 0)]))
-    batch = [Extend(2, c[:20], 0), Extend(0, [42], len(a)), Extend(3, d, 0), Extend(1, [7], len(b)), Extend(4, c[:9], 0)]
+    batch = [
+        Extend(2, c[:20], 0),
+        Extend(0, [42], len(a)),
+        Extend(3, d, 0),
+        Extend(1, [7], len(b)),
+        Extend(4, c[:9], 0),
+    ]
     together = runner.forward(mixed.batch(batch))
 
     alone = PageBook(runner.config.page_size, runner.config.num_pages, seed=2)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support.paged_batches import Extend, PageBook
 
 from radixcluster.protocol import StepResult, decode, encode
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
+from support.paged_batches import Extend, PageBook
 
 PROMPTS = ["The three primary colors are", "List the planets of the solar system:\n1."]
 

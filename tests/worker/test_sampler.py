@@ -201,8 +201,13 @@ def test_logprobs_come_from_the_raw_logits():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
     mask = pack_mask([{5}, set(range(50)), set(range(50))], 50)
     params = batch(
-        3, temperature=[0.0, 0.8, 0.0], seed=[-1, 9, -1], top_logprobs_num=[2, 5, 0],
-        penalties=[[], [], [int(logits[2].argmax())]], repetition_penalty=3.0, return_logprob=True,
+        3,
+        temperature=[0.0, 0.8, 0.0],
+        seed=[-1, 9, -1],
+        top_logprobs_num=[2, 5, 0],
+        penalties=[[], [], [int(logits[2].argmax())]],
+        repetition_penalty=3.0,
+        return_logprob=True,
     )
     # as the worker receives them: read-only arrays decoded from a frame
     out = sample(logits, decode(encode(params)), positions(4, 4, 4), mask)

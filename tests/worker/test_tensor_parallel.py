@@ -11,13 +11,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support.paged_batches import Extend, PageBook
 
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from radixcluster.worker.parallel import init_tensor_parallel
+from support.paged_batches import Extend, PageBook
 
 PAGE_SIZE = 4
-TINY = dict(vocab_size=250, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8, initializer_range=0.1)
+TINY = dict(
+    vocab_size=250,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    initializer_range=0.1,
+)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 10000.0,
@@ -28,7 +35,10 @@ LLAMA3_ROPE = {
 }
 # name -> (architecture, extra config)
 TINY_MODELS = {
-    "llama-2kv-untied-llama3rope": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE)),
+    "llama-2kv-untied-llama3rope": (
+        "llama",
+        dict(num_key_value_heads=2, tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE),
+    ),
     "qwen2-4kv-tied-bias": ("qwen2", dict(num_key_value_heads=4, tie_word_embeddings=True)),
 }
 PROMPTS = [[5, 17, 99, 3, 140, 77, 8, 8, 201, 45, 12], [31, 2, 64, 9, 180], list(range(20, 39))]
@@ -50,7 +60,15 @@ def run_steps(runner: ModelRunner) -> list[torch.Tensor | None]:
 
 
 def runner_config(model_path: Path, rank: int = 0, size: int = 1) -> RunnerConfig:
-    return RunnerConfig(model_path=model_path, tp_rank=rank, tp_size=size, num_pages=64, page_size=PAGE_SIZE, max_slots=4, max_context_len=64)
+    return RunnerConfig(
+        model_path=model_path,
+        tp_rank=rank,
+        tp_size=size,
+        num_pages=64,
+        page_size=PAGE_SIZE,
+        max_slots=4,
+        max_context_len=64,
+    )
 
 
 def _rank_main(rank: int, size: int, port: int, model_path: Path, out_file: Path) -> None:

@@ -159,7 +159,9 @@ def test_qwen2_safetensors_with_qkv_bias(tmp_path: Path, tiny_qwen2: Qwen2ForCau
 
 
 @pytest.mark.parametrize("model_fixture", ["tiny_llama", "tiny_qwen2"])
-def test_gguf_written_like_llama_cpp_reads_back(tmp_path: Path, model_fixture: str, request: pytest.FixtureRequest) -> None:
+def test_gguf_written_like_llama_cpp_reads_back(
+    tmp_path: Path, model_fixture: str, request: pytest.FixtureRequest
+) -> None:
     # llama's q/k rows come back un-permuted; qwen2's (weights and biases) were never permuted.
     model = request.getfixturevalue(model_fixture)
     _assert_same(_load(_write_gguf(tmp_path / "tiny.gguf", model)), model)

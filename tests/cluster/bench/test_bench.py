@@ -38,10 +38,34 @@ def test_bench_shared_prefix_against_a_real_server(tmp_path: Path) -> None:
     groups, per_group, prefix_len, question_len = 2, 2, 64, 24
     with launch_server() as server:
         run = subprocess.run(
-            [*radixcluster_command(), "bench", "--base-url", server.url, "--workload", "shared-prefix", "--groups", str(groups),
-             "--requests-per-group", str(per_group), "--prefix-len", str(prefix_len), "--question-len", str(question_len),
-             "--output-len", "8", "--label", "tiny", "--no-progress", "--output-json", str(out_json), "--output-png", str(out_png)],
-            capture_output=True, text=True, timeout=600,
+            [
+                *radixcluster_command(),
+                "bench",
+                "--base-url",
+                server.url,
+                "--workload",
+                "shared-prefix",
+                "--groups",
+                str(groups),
+                "--requests-per-group",
+                str(per_group),
+                "--prefix-len",
+                str(prefix_len),
+                "--question-len",
+                str(question_len),
+                "--output-len",
+                "8",
+                "--label",
+                "tiny",
+                "--no-progress",
+                "--output-json",
+                str(out_json),
+                "--output-png",
+                str(out_png),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     assert run.returncode == 0, run.stderr
     header, row = run.stdout.strip().splitlines()[-2:]
@@ -71,7 +95,11 @@ def test_bench_shared_prefix_against_a_real_server(tmp_path: Path) -> None:
 
     assert out_png.read_bytes()[:8] == PNG_MAGIC
     replot = tmp_path / "again.png"
-    run = subprocess.run([*radixcluster_command(), "bench", "plot", str(out_json), str(out_json), "-o", str(replot)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [*radixcluster_command(), "bench", "plot", str(out_json), str(out_json), "-o", str(replot)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert replot.read_bytes()[:8] == PNG_MAGIC

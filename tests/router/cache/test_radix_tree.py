@@ -86,10 +86,14 @@ def make_machine(page_size: int, policy: str):
             keys = [(salt, toks[: depth + k * page_size]) for k in range(1, len(node.key) // page_size + 1)]
             if kind == "insert":
                 return
-            assert all(k in self.model.page and not self.model.locks.get(k) for k in keys), "evicted a locked or unknown run"
+            assert all(k in self.model.page and not self.model.locks.get(k) for k in keys), (
+                "evicted a locked or unknown run"
+            )
             assert self.model.is_leaf(keys[-1]), "evicted a node that is not a leaf"
             if policy == "lru":
-                oldest = min(self.model.time[k] for k in self.model.page if not self.model.locks.get(k) and self.model.is_leaf(k))
+                oldest = min(
+                    self.model.time[k] for k in self.model.page if not self.model.locks.get(k) and self.model.is_leaf(k)
+                )
                 assert self.model.time[keys[-1]] == oldest, "eviction is not LRU"
             for k in keys:
                 del self.model.page[k], self.model.time[k]
@@ -156,16 +160,21 @@ def make_machine(page_size: int, policy: str):
         def consistent(self) -> None:
             owned = self.tree.check_integrity()
             assert self.alloc.num_free + len(owned) == POOL
-            assert self.tree.evictable_tokens + self.tree.protected_tokens + self.alloc.num_free * page_size == POOL * page_size
+            assert (
+                self.tree.evictable_tokens + self.tree.protected_tokens + self.alloc.num_free * page_size
+                == POOL * page_size
+            )
             assert self.tree.evictable_tokens == self.model.evictable_tokens()
             assert self.tree.cached_tokens == page_size * len(self.model.page)
-            for node, _, _, n, pages in self.handles:
+            for node, _, _, _n, pages in self.handles:
                 assert self.tree.path_pages(node).tolist() == pages, "a locked match's pages changed"
 
     return TreeMachine
 
 
-_SETTINGS = settings(max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(
+    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 TestTreePage1 = make_machine(1, "lru").TestCase
 TestTreePage1.settings = _SETTINGS
 TestTreePage16 = make_machine(16, "lru").TestCase

@@ -50,7 +50,10 @@ def test_multi_token_characters_are_held_until_complete(tokenizer: Tokenizer) ->
 
 def test_spaces_between_special_tokens(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|><|endoftext|>")
-    assert tokenizer.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=True) == "<|im_start|> user\nhi <|im_end|> <|endoftext|>"
+    assert (
+        tokenizer.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=True)
+        == "<|im_start|> user\nhi <|im_end|> <|endoftext|>"
+    )
     assert tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|><|endoftext|>"
     assert tokenizer.decode(ids, skip_special_tokens=True, spaces_between_special_tokens=True) == "user\nhi"
 
@@ -70,7 +73,9 @@ def test_random_token_sequences(tokenizer: Tokenizer, ids: list[int], chunk: int
     assert "".join(deltas) + detok.flush() == tokenizer.decode(ids, skip, spaces)
 
 
-def stop_stream(tokenizer: Tokenizer, text: str, stops: list[str], no_stop_trim: bool = False) -> tuple[list[str], StopChecker]:
+def stop_stream(
+    tokenizer: Tokenizer, text: str, stops: list[str], no_stop_trim: bool = False
+) -> tuple[list[str], StopChecker]:
     detok, checker = IncrementalDetokenizer(tokenizer), StopChecker(stops, no_stop_trim)
     emitted = []
     for token_id in tokenizer.encode(text):

@@ -35,7 +35,11 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "Hi! 👋"},
         {"role": "user", "content": "Write a haiku about caches."},
     ],
-    "no_system": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}],
+    "no_system": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+    ],
 }
 
 
@@ -134,7 +138,10 @@ def test_hf_directory_named_templates_and_generation_eos(hf_model_dir: Path, tmp
     config = {
         "bos_token": {"content": "<|im_start|>", "special": True},
         "eos_token": "<|im_end|>",
-        "chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"}],
+        "chat_template": [
+            {"name": "tool_use", "template": "TOOLS"},
+            {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"},
+        ],
     }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
@@ -170,7 +177,27 @@ def _write_gguf(path: Path, tokenizer_fields: dict, vocab: int = 4) -> Path:
 
 def _sentencepiece_gguf(path: Path) -> Path:
     """A tiny Llama-2-style vocabulary: byte-fallback tokens, ``▁`` pieces, scores, no merges."""
-    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "he", "ll", "llo", "hello", "▁hello", "▁w", "or", "▁wor", "▁world", "▁▁", "!"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "he",
+        "ll",
+        "llo",
+        "hello",
+        "▁hello",
+        "▁w",
+        "or",
+        "▁wor",
+        "▁world",
+        "▁▁",
+        "!",
+    ]
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
     fields = {
         "llama.context_length": (64, T.UINT32),
