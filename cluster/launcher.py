@@ -14,12 +14,12 @@ import time
 
 from radixcluster.process_tree import descendants, kill_survivors
 from radixcluster.replica_plan import Plan, make_plan
+from radixcluster.router.api.context import API_DRAIN_S
 from radixcluster.server_args import ServerArgs
 
 logger = logging.getLogger("radixcluster")
 
-API_GRACE_S = 30  # in-flight requests get this long to finish after SIGTERM
-STOP_GRACE_S = 15
+STOP_GRACE_S = 15  # a process gets this long to exit after SIGTERM (the api: after its drain) before SIGKILL
 SURVIVOR_GRACE_S = 3
 
 
@@ -199,7 +199,7 @@ class Launcher:
     def _stop(self) -> None:
         from radixcluster import ray_cluster
 
-        _stop_process(self.api, API_GRACE_S)
+        _stop_process(self.api, API_DRAIN_S + STOP_GRACE_S)
         _stop_process(self.router, STOP_GRACE_S)
         started = descendants(os.getpid())
         ray_cluster.stop_workers(self.workers)

@@ -7,11 +7,12 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
+from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
+from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
+from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
+
 logger = logging.getLogger(__name__)
 
-SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
-EVICTION_POLICIES = ("lru", "lfu")
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Flags users bring from SGLang that name what is already the default here.
 DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
@@ -62,9 +63,6 @@ class ServerArgs:
             raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"--attention-backend must be one of {ATTENTION_BACKENDS}")
-        if self.disable_radix_cache and self.schedule_policy != "fcfs":
-            # Prefix-aware policies have nothing to look at without the cache.
-            self.schedule_policy = "fcfs"
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

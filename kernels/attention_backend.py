@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from radixcluster.kernels.attention import AttentionMetadata, paged_attention, store_kv
-
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,6 @@ class Router:
         )
         self.intake = RequestIntake(self.tokenizer, model_config.vocab_size, config.context_length)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo)
-        self._step_id = 0
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
@@ -115,12 +114,13 @@ class Router:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        self._step_id += 1
-        batch.forward.step_id = self._step_id
         result = execute(batch.forward)
+        advanced = self.scheduler.process_result(batch, result)
         if result.error is not None:
-            return self._fail_batch(batch, result.error)
-        return self.streams.collect(self.scheduler.process_result(batch, result), self.scheduler)
+            logger.error("step %d failed on the worker: %s", result.step_id, result.error)
+            message = f"internal error in the model worker: {result.error}"
+            return [self.streams.abort(r.rid, message, 500) for r in advanced if r.rid in self.streams]
+        return self.streams.collect(advanced, self.scheduler)
 
     def abort_all(self, message: str, status: int = 200) -> list[RequestOutput]:
         """End every open request (shutdown)."""
@@ -130,11 +130,6 @@ class Router:
         for rid in rids:
             self.scheduler.abort_request(rid, message)
         return [self.streams.abort(rid, message, status) for rid in rids]
-
-    def _fail_batch(self, batch, error: str) -> list[RequestOutput]:
-        logger.error("step failed on the worker: %s", error)
-        rids = [r.rid for r in batch.requests if r.rid in self.streams]
-        return self._abort(rids, f"internal error in the model worker: {error}", 500)
 
     def _control(self, msg: ControlRequest) -> ControlResponse:
         if msg.kind == "flush_cache":
@@ -150,24 +145,8 @@ class Router:
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
 
     def _stats(self) -> dict:
-        """The scheduler's counters under the names /metrics renders."""
-        s = self.scheduler.stats()
-        return {
-            "prompt_tokens_total": s["prompt_tokens_total"],
-            "cached_tokens_total": s["cached_tokens_total"],
-            "generation_tokens_total": self.streams.generated_tokens_total,
-            "requests_total": s["total_requests"],
-            "cache_hit_requests_total": s["cache_hits"],
-            "evicted_tokens_total": s["evicted_tokens_total"],
-            "num_running_reqs": s["running_requests"],
-            "num_waiting_reqs": s["waiting_requests"],
-            "token_usage": s["token_usage"],
-            "cached_tokens": s["cached_tokens"],
-            "evictable_tokens": s["evictable_tokens"],
-            "free_pages": s["free_pages"],
-            "total_pages": s["num_pages"],
-            "tree_nodes": s["tree_nodes"],
-        }
+        """The scheduler's counters and gauges, and the tokens streamed, for /metrics."""
+        return {**self.scheduler.stats(), "generation_tokens_total": self.streams.generated_tokens_total}
 
     def _server_info(self) -> dict:
         c = self.config
@@ -180,7 +159,7 @@ class Router:
             "max_total_num_tokens": c.num_pages * c.page_size,
             "max_running_requests": c.max_running_requests,
             "chunked_prefill_size": c.chunked_prefill_size,
-            "schedule_policy": self.scheduler.config.schedule_policy,
+            "schedule_policy": self.scheduler.policy.policy,
             "radix_eviction_policy": c.eviction_policy,
             "disable_radix_cache": not c.enable_radix_cache,
             "device": c.device,

@@ -33,14 +33,14 @@ class SchedulerStats:
     """Monotonic counters; prompt and cached tokens are counted once, at first admission."""
 
     total_requests: int = 0
-    cache_hit_requests: int = 0
+    cache_hits: int = 0  # requests whose first admission reused a cached prefix
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     retractions_total: int = 0
 
     def count_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
         self.total_requests += 1
-        self.cache_hit_requests += cached_tokens > 0
+        self.cache_hits += cached_tokens > 0
         self.prompt_tokens_total += prompt_tokens
         self.cached_tokens_total += cached_tokens
 
@@ -48,13 +48,11 @@ class SchedulerStats:
         tree, alloc = cache.tree, cache.allocator
         return {
             "total_requests": self.total_requests,
-            "cache_hits": self.cache_hit_requests,
+            "cache_hits": self.cache_hits,
             # the seeds read hit_rate as requests that reused a prefix over all requests
-            "hit_rate": self.cache_hit_requests / self.total_requests if self.total_requests else 0.0,
+            "hit_rate": self.cache_hits / self.total_requests if self.total_requests else 0.0,
             "token_hit_rate": self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0,
-            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hit_requests
-            if self.cache_hit_requests
-            else 0.0,
+            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hits if self.cache_hits else 0.0,
             "prompt_tokens_total": self.prompt_tokens_total,
             "cached_tokens_total": self.cached_tokens_total,
             "evicted_tokens_total": tree.evicted_tokens_total,

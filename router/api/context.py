@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
 
+# after SIGTERM, in-flight requests get this long before uvicorn cancels them
+API_DRAIN_S = 5
+
 
 @dataclass(slots=True)
 class ApiConfig:

@@ -15,20 +15,20 @@ _COUNTERS = (
     ("radixcluster_prompt_tokens", "prompt_tokens_total", "Prompt tokens received."),
     ("radixcluster_cached_tokens", "cached_tokens_total", "Prompt tokens served from the radix cache."),
     ("radixcluster_generation_tokens", "generation_tokens_total", "Tokens generated."),
-    ("radixcluster_requests", "requests_total", "Requests finished."),
-    ("radixcluster_radix_cache_hit", "cache_hit_requests_total", "Requests that reused a cached prefix."),
+    ("radixcluster_requests", "total_requests", "Requests admitted (each counted once, at its first admission)."),
+    ("radixcluster_radix_cache_hit", "cache_hits", "Requests that reused a cached prefix."),
     # SGLang's name for the same counter, so existing dashboards keep working.
-    ("sglang_radix_cache_hit", "cache_hit_requests_total", "Requests that reused a cached prefix (SGLang name)."),
+    ("sglang_radix_cache_hit", "cache_hits", "Requests that reused a cached prefix (SGLang name)."),
     ("radixcluster_evicted_tokens", "evicted_tokens_total", "Tokens evicted from the radix cache."),
 )
 _GAUGES = (
-    ("radixcluster_num_running_reqs", "num_running_reqs", "Requests being decoded or prefilled."),
-    ("radixcluster_num_waiting_reqs", "num_waiting_reqs", "Requests waiting for admission."),
+    ("radixcluster_num_running_reqs", "running_requests", "Requests being decoded or prefilled."),
+    ("radixcluster_num_waiting_reqs", "waiting_requests", "Requests waiting for admission."),
     ("radixcluster_token_usage", "token_usage", "Fraction of KV pages in use."),
     ("radixcluster_tree_cached_tokens", "cached_tokens", "Tokens held by the radix tree."),
     ("radixcluster_evictable_tokens", "evictable_tokens", "Tokens in the tree that no request locks."),
     ("radixcluster_free_pages", "free_pages", "Free KV pages."),
-    ("radixcluster_total_pages", "total_pages", "KV pages in the pool."),
+    ("radixcluster_total_pages", "num_pages", "KV pages in the pool."),
     ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
 )
 

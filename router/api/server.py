@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
-from radixcluster.router.api.context import ApiConfig, ApiContext
+from radixcluster.router.api.context import API_DRAIN_S, ApiConfig, ApiContext
 from radixcluster.router.api.errors import error_response, install_error_handlers
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
@@ -68,7 +68,7 @@ def create_app(config: ApiConfig) -> FastAPI:
 
 def run_api_server(config: ApiConfig) -> None:
     """Serve the api on ``config.host:config.port``; return after the graceful shutdown that
-    SIGTERM or SIGINT starts (in-flight requests get a few seconds). Main thread only."""
+    SIGTERM or SIGINT starts (in-flight requests get ``API_DRAIN_S``). Main thread only."""
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),
@@ -76,7 +76,7 @@ def run_api_server(config: ApiConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=API_DRAIN_S,
         )
     )
     # uvicorn re-raises the signal once it has shut down; a no-op handler beneath its own

@@ -61,6 +61,7 @@ class CacheManager:
 
     def start(self, req: Request, match: MatchResult) -> None:
         """Take over a match that the caller already locked: the request's table starts there."""
+        self.tree.record_hit(match.node)
         req.last_node = match.node
         req.pages = match.pages.tolist()
         req.tree_len = req.num_computed = match.length

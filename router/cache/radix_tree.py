@@ -109,10 +109,10 @@ class RadixTree:
         """
         tokens = np.asarray(tokens, dtype=np.int32)
         self._clock += 1
-        node, length, pages = self._walk(tokens, salt or "", count_hit=True)
+        node, length, pages = self._walk(tokens, salt or "")
         return MatchResult(_concat(pages), length, node)
 
-    def _walk(self, tokens: np.ndarray, salt: str, count_hit: bool) -> tuple[TreeNode, int, list[np.ndarray]]:
+    def _walk(self, tokens: np.ndarray, salt: str) -> tuple[TreeNode, int, list[np.ndarray]]:
         """Follow ``tokens`` down, splitting where the match ends mid-node."""
         ps = self.page_size
         limit = len(tokens) // ps * ps
@@ -125,7 +125,7 @@ class RadixTree:
             partial = n < len(child.key)
             if partial:
                 child = self._split(child, n)
-            self._touch(child, count_hit)
+            self._touch(child)
             pages.append(child.value)
             node, pos = child, pos + n
             if partial:
@@ -149,7 +149,7 @@ class RadixTree:
         if len(pages) < limit // ps:
             raise ValueError(f"{limit} tokens need {limit // ps} pages, got {len(pages)}")
         self._clock += 1
-        node, prefix_len, got = self._walk(tokens[:limit], salt, count_hit=False)
+        node, prefix_len, got = self._walk(tokens[:limit], salt)
         if prefix_len < limit:
             leaf = TreeNode(tokens[prefix_len:limit].copy(), pages[prefix_len // ps : limit // ps].copy(), node, salt)
             node.children[self._child_key(node, leaf.key[:ps], salt)] = leaf
@@ -161,6 +161,13 @@ class RadixTree:
             got.append(leaf.value)
             node = leaf
         return InsertResult(prefix_len, _concat(got), node)
+
+    def record_hit(self, node: TreeNode) -> None:
+        """A request was admitted on the (locked) path to ``node``: count a hit on every node
+        of it, LFU's frequency. Matches that merely order the queue count nothing."""
+        while node is not self.root:
+            node.hit_count += 1
+            node = node.parent
 
     def lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction (one lock per running request)."""
@@ -251,10 +258,8 @@ class RadixTree:
         key = first_page.tobytes()
         return (salt, key) if parent is self.root else key
 
-    def _touch(self, node: TreeNode, count_hit: bool) -> None:
+    def _touch(self, node: TreeNode) -> None:
         node.last_access = self._clock
-        if count_hit:
-            node.hit_count += 1
         self._push(node)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:

@@ -39,10 +39,6 @@ def test_prefix_caching_alias_and_dynamic_fraction_are_accepted(caplog):
     assert any("--mem-fraction-dynamic" in r.getMessage() for r in caplog.records)
 
 
-def test_disabling_the_cache_forces_fcfs():
-    assert parse("--disable-radix-cache", "--schedule-policy", "lpm").schedule_policy == "fcfs"
-
-
 @pytest.mark.parametrize(
     "argv, words",
     [

@@ -125,7 +125,7 @@ def test_abort_mid_generation_releases_everything(router, runner):
     assert router.step(runner.step) == [] and router.idle()
     router.scheduler.check_integrity()
     stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
-    assert stats["num_running_reqs"] == 0 and stats["free_pages"] + stats["evictable_tokens"] == PAGES
+    assert stats["running_requests"] == 0 and stats["free_pages"] + stats["evictable_tokens"] == PAGES
 
 
 def test_batched_prompt_logprobs_equal_the_reference(router, runner, hf_tokenizer, hf_model):

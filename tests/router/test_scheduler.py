@@ -438,3 +438,9 @@ def test_next_token_reads_the_whole_context() -> None:
     b = a.copy()
     b[0] += 1
     assert next_token(a) != next_token(b) or next_token(a[1:]) != next_token(b[1:])
+
+
+def test_without_the_radix_cache_every_policy_is_fcfs() -> None:
+    for policy in ("lpm", "dfs-weight"):
+        assert make(schedule_policy=policy, enable_radix_cache=False)[0].policy.policy == "fcfs"
+    assert make(schedule_policy="dfs-weight")[0].policy.policy == "dfs-weight"

@@ -186,9 +186,9 @@ TestTreeLfu.settings = settings(_SETTINGS, max_examples=30)
 # ---------------------------------------------------------------- regressions
 
 
-def tree_with(page_size: int = 1, pool: int = 64) -> tuple[RadixTree, PageAllocator]:
+def tree_with(page_size: int = 1, pool: int = 64, policy: str = "lru") -> tuple[RadixTree, PageAllocator]:
     alloc = PageAllocator(pool)
-    return RadixTree(alloc, page_size), alloc
+    return RadixTree(alloc, page_size, policy), alloc
 
 
 def put(tree: RadixTree, alloc: PageAllocator, tokens: list[int], salt: str = "") -> np.ndarray:
@@ -300,3 +300,20 @@ def test_unknown_eviction_policy_and_double_unlock_are_refused() -> None:
     tree.unlock(m.node)
     with pytest.raises(RuntimeError, match="not locked"):
         tree.unlock(m.node)
+
+
+def test_lfu_counts_admissions_not_the_matches_that_order_the_queue() -> None:
+    tree, alloc = tree_with(policy="lfu")
+    put(tree, alloc, [1, 1])
+    put(tree, alloc, [2, 2])
+    waited = np.array([1, 1, 0], dtype=np.int32)
+    for _ in range(10):  # a request that waits is matched at every schedule
+        tree.match_prefix(waited)
+    admitted = tree.match_prefix(np.array([2, 2, 0], dtype=np.int32))
+    tree.lock(admitted.node)
+    tree.record_hit(admitted.node)
+    tree.unlock(admitted.node)
+    assert [n.hit_count for n in tree.root.children.values()] == [0, 1]
+    tree.evict(2)  # the prefix that was reused stays; the one that only waited goes
+    assert tree.match_prefix(waited).length == 0
+    assert tree.match_prefix(np.array([2, 2, 0], dtype=np.int32)).length == 2
