@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from radixcluster.protocol import ForwardBatch, SamplingBatch
-from radixcluster.router.grammar import build_vocab_mask
 from radixcluster.router.request import Request
 
 
@@ -98,3 +97,22 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
         top_logprobs_num=ints[:, 2].astype(np.int32),
         return_logprob=any(r.return_logprob for r in reqs),
     )
+
+
+def build_vocab_mask(
+    reqs: Sequence[Request], prefix_lens: Sequence[int], extend_lens: Sequence[int]
+) -> np.ndarray | None:
+    """The step's int32 [B, W] bitmask (``ForwardBatch.vocab_mask``): a grammar request that
+    samples this step (a decode, or its last prefill chunk) gets its matcher's row, every other
+    row allows all tokens. None, the fast path, when no sampling request has a grammar."""
+    rows = [
+        i
+        for i, (r, prefix, extend) in enumerate(zip(reqs, prefix_lens, extend_lens))
+        if r.grammar is not None and prefix + extend == r.fill_len
+    ]
+    if not rows:
+        return None
+    mask = np.full((len(reqs), reqs[rows[0]].grammar.mask_width), -1, dtype=np.int32)
+    for i in rows:
+        reqs[i].grammar.fill(mask, i)
+    return mask

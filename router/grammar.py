@@ -6,18 +6,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import xgrammar as xgr
 
 from radixcluster.protocol import SamplingParams
 from radixcluster.router.text.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from radixcluster.router.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -127,25 +123,6 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
         stop_token_ids=list(tokenizer.eos_token_ids),
         add_prefix_space=meta["add_prefix_space"],
     )
-
-
-def build_vocab_mask(
-    reqs: Sequence[Request], prefix_lens: Sequence[int], extend_lens: Sequence[int]
-) -> np.ndarray | None:
-    """The step's int32 [B, W] bitmask (``ForwardBatch.vocab_mask``): a grammar request that
-    samples this step (a decode, or its last prefill chunk) gets its matcher's row, every other
-    row allows all tokens. None, the fast path, when no sampling request has a grammar."""
-    rows = [
-        i
-        for i, (r, prefix, extend) in enumerate(zip(reqs, prefix_lens, extend_lens))
-        if r.grammar is not None and prefix + extend == r.fill_len
-    ]
-    if not rows:
-        return None
-    mask = np.full((len(reqs), reqs[rows[0]].grammar.mask_width), -1, dtype=np.int32)
-    for i in rows:
-        reqs[i].grammar.fill(mask, i)
-    return mask
 
 
 def _clean(message: str) -> str:
