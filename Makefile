@@ -17,7 +17,15 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/radixcluster up $(ARGS)
 
-test: install
+# ruff (lint + format) and mypy; mypy reads the packages through a tree of links laid out by
+# their dotted names (the folders are not named like the packages they hold)
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) tests/support/package_tree.py build/typecheck >/dev/null
+	$(VENV)/bin/mypy build/typecheck/radixcluster
+
+test: install lint
 	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
-.PHONY: install serve test
+.PHONY: install lint serve test

@@ -11,11 +11,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from radixcluster.process_tree import descendants, kill_survivors
 from radixcluster.replica_plan import Plan, make_plan
 from radixcluster.router.api.context import API_DRAIN_S
 from radixcluster.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from radixcluster.ray_cluster import RayWorkers
+    from radixcluster.router.router_process import RouterConfig
+    from radixcluster.worker.worker_process import WorkerConfig
 
 logger = logging.getLogger("radixcluster")
 
@@ -23,13 +31,13 @@ STOP_GRACE_S = 15  # a process gets this long to exit after SIGTERM (the api: af
 SURVIVOR_GRACE_S = 3
 
 
-def _start_process(target, *args) -> mp.Process:
+def _start_process(target: Callable[..., None], *args: object) -> BaseProcess:
     process = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
     process.start()
     return process
 
 
-def _stop_process(process: mp.Process | None, grace_s: float) -> None:
+def _stop_process(process: BaseProcess | None, grace_s: float) -> None:
     if process is None or not process.is_alive():
         return
     process.terminate()
@@ -49,19 +57,19 @@ class Launcher:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.plan: Plan | None = None
-        self.workers = None
-        self.router: mp.Process | None = None
-        self.api: mp.Process | None = None
+        self.workers: RayWorkers | None = None
+        self.router: BaseProcess | None = None
+        self.api: BaseProcess | None = None
         self.stopping = threading.Event()
         self.started = False
 
     def run(self) -> int:
         self._handle_signals()
         try:
-            self._start()
+            router, api, workers = self._start()
             self.started = True
             print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
-            return self._supervise()
+            return self._supervise(router, api, workers)
         except _StopDuringStartup:
             return 0
         finally:
@@ -76,7 +84,8 @@ class Launcher:
         if not self.started:
             raise _StopDuringStartup  # interrupts loading wherever it blocks
 
-    def _start(self) -> None:
+    def _start(self) -> tuple[BaseProcess, BaseProcess, RayWorkers]:
+        """Start every process (each is also kept on self, so a stop mid-start stops it)."""
         from radixcluster import ray_cluster
         from radixcluster.router.api.server import ApiConfig, run_api_server
         from radixcluster.router.router_process import RouterAddresses, run_router
@@ -92,7 +101,7 @@ class Launcher:
         )
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=os.cpu_count() or 1)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
-        self.workers = ray_cluster.start_workers(self._worker_configs(), use_gpu=plan.device == "cuda")
+        self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
         addresses = RouterAddresses(
             request=plan.address("router_in"),
             output=plan.address("router_out"),
@@ -100,11 +109,11 @@ class Launcher:
             result=plan.address("result"),
         )
         parent, child = mp.get_context("spawn").Pipe()
-        self.router = _start_process(run_router, self._router_config(), addresses, child)
-        self.workers.serve_refs = ray_cluster.load_and_serve(self.workers)
+        self.router = router = _start_process(run_router, self._router_config(plan), addresses, child)
+        workers.serve_refs = ray_cluster.load_and_serve(workers)
         if not parent.poll(120) or parent.recv() != "ready":
             raise RuntimeError("the router process did not come up")
-        self.api = _start_process(
+        self.api = api = _start_process(
             run_api_server,
             ApiConfig(
                 host=args.host,
@@ -115,14 +124,16 @@ class Launcher:
                 served_model_name=plan.served_model_name,
             ),
         )
-        self._wait_api_ready()
+        self._wait_api_ready(api)
+        return router, api, workers
 
-    def _worker_configs(self) -> list:
+    def _worker_configs(self, plan: Plan) -> list[WorkerConfig]:
+        import torch
+
         from radixcluster.worker.model_runner import RunnerConfig
         from radixcluster.worker.worker_process import WorkerConfig
 
-        args, plan = self.args, self.plan
-        import torch
+        args = self.args
 
         dtype = getattr(torch, plan.dtype)
         threads = max(1, (os.cpu_count() or 1) // args.tp_size)
@@ -147,10 +158,10 @@ class Launcher:
             for rank in range(args.tp_size)
         ]
 
-    def _router_config(self):
+    def _router_config(self, plan: Plan) -> RouterConfig:
         from radixcluster.router.router_process import RouterConfig
 
-        args, plan = self.args, self.plan
+        args = self.args
         return RouterConfig(
             model_path=plan.model_path,
             served_model_name=plan.served_model_name,
@@ -168,12 +179,12 @@ class Launcher:
             log_level=args.log_level,
         )
 
-    def _wait_api_ready(self) -> None:
+    def _wait_api_ready(self, api: BaseProcess) -> None:
         import httpx
 
         url = f"http://{'127.0.0.1' if self.args.host in ('0.0.0.0', '::') else self.args.host}:{self.args.port}/health"
         while not self.stopping.is_set():
-            if not self.api.is_alive():
+            if not api.is_alive():
                 raise RuntimeError(f"the api process exited (is port {self.args.port} free?)")
             try:
                 if httpx.get(url, timeout=2).status_code == 200:
@@ -182,15 +193,15 @@ class Launcher:
                 pass
             time.sleep(0.2)
 
-    def _supervise(self) -> int:
+    def _supervise(self, router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> int:
         import ray
 
         while not self.stopping.wait(0.5):
-            for name, process in (("router", self.router), ("api", self.api)):
+            for name, process in (("router", router), ("api", api)):
                 if not process.is_alive():
                     logger.error("the %s process exited (code %s); shutting down", name, process.exitcode)
                     return 1
-            done, _ = ray.wait(self.workers.serve_refs, timeout=0)
+            done, _ = ray.wait(workers.serve_refs, timeout=0)
             if done:
                 logger.error("a TP worker stopped; shutting down")
                 return 1

@@ -7,7 +7,7 @@ import uuid
 
 from radixcluster.model_config import load_model_config
 from radixcluster.model_path import resolve_model_path, served_model_name
-from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.protocol import ForwardBatch, GenerateRequest, RequestOutput, SamplingParams, StepResult
 from radixcluster.router.router_process import Router, RouterConfig
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
@@ -44,9 +44,15 @@ def generate(prompt: str, model_path: str | None, max_new_tokens: int, temperatu
         messages=[{"role": "user", "content": prompt}] if chat else None,
         text=None if chat else prompt,
     )
-    outputs = router.submit(request)
+
+    def execute(batch: ForwardBatch) -> StepResult:
+        result = runner.step(batch)
+        assert result is not None, "a single rank is rank 0: it samples"
+        return result
+
+    outputs = [out for out in router.submit(request) if isinstance(out, RequestOutput)]
     while not any(out.finished for out in outputs):
-        outputs += router.step(runner.step)
+        outputs += router.step(execute)
     errors = [out.error for out in outputs if out.error]
     if errors:
         raise ValueError(errors[0])

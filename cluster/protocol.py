@@ -197,7 +197,7 @@ class StepResult:
     """Rank 0 -> router: the sampled token of every request of step ``step_id``."""
 
     step_id: int
-    next_token_ids: np.ndarray  # int32 [B]
+    next_token_ids: np.ndarray | None  # int32 [B]; None when error is set
     # float32 [B]: log-softmax of the raw logits at the chosen token (when asked)
     logprobs: np.ndarray | None = None
     top_logprob_ids: np.ndarray | None = None  # int32 [B, K]

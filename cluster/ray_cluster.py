@@ -38,12 +38,18 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int) -> None:
     import ray
 
     quiet_ray_env()
-    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
     if address:
-        ray.init(address=address, **common)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         return
     # A private temp dir keeps sessions and sockets of two servers on one host apart.
-    ray.init(num_cpus=num_cpus, num_gpus=_num_gpus(), _temp_dir=temp_dir, **common)
+    ray.init(
+        num_cpus=num_cpus,
+        num_gpus=_num_gpus(),
+        _temp_dir=temp_dir,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
 
 
 def _num_gpus() -> int:
@@ -64,7 +70,7 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
     from radixcluster.worker.worker_process import TPWorker
 
     tp_size = len(worker_configs)
-    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01}
+    bundle: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01}
     # The router reaches rank 0 over ipc://, so the group lives on this (the driver's) node.
     node = f"node:{ray.util.get_node_ip_address()}"
     _check_node_can_host(node, bundle, tp_size)

@@ -121,22 +121,22 @@ def _gather_rows(
     page_size: int,
     device: torch.device | str,
 ) -> GatheredRows:
-    context_lens, decode = torch.from_numpy(context_lens), torch.from_numpy(decode)
-    t = torch.arange(int(context_lens.max()))
+    lens, dec = torch.from_numpy(context_lens), torch.from_numpy(decode)
+    t = torch.arange(int(lens.max()))
     # cache row of token t of every request, valid where t < its context length
     rows = page_table[:, t // page_size].to(torch.int64) * page_size + t % page_size
-    dec_mask = t[:dec_width] < context_lens[decode, None]
+    dec_mask = t[:dec_width] < lens[dec, None]
     extends = [
         ExtendSpan(
             q_start=int(q_starts[b]),
-            q_len=int(context_lens[b] - prefix_lens[b]),
+            q_len=int(lens[b] - prefix_lens[b]),
             prefix_len=int(prefix_lens[b]),
-            context_slots=rows[b, : int(context_lens[b])].to(device),
+            context_slots=rows[b, : int(lens[b])].to(device),
         )
         for b in extend.tolist()
     ]
     return GatheredRows(
-        decode_slots=rows[decode, :dec_width].masked_fill(~dec_mask, 0).to(device),
+        decode_slots=rows[dec, :dec_width].masked_fill(~dec_mask, 0).to(device),
         decode_mask=dec_mask[:, None, None, :].to(device),
         extends=extends,
     )

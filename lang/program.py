@@ -35,7 +35,7 @@ class SglFunction:
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
-        functools.update_wrapper(self, func)
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]  # typeshed expects a function
 
     def run(self, *args: Any, backend: RuntimeEndpoint | None = None, **kwargs: Any) -> ProgramState:
         """Run the program to completion; the state holds its text and variables. A server

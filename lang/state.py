@@ -139,7 +139,7 @@ class ForkGroup(list):
         super().__init__(forks)
         self.parent = parent
 
-    def __iadd__(self, expr: str | Expr) -> ForkGroup:
+    def __iadd__(self, expr: str | Expr) -> ForkGroup:  # type: ignore[override, misc]  # SGLang's `forks += expr`
         for fork in self:
             fork += expr
         return self

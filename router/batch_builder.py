@@ -26,8 +26,8 @@ def build_forward(
     reqs: Sequence[Request],
     prefix_lens: Sequence[int],
     extend_lens: Sequence[int],
-    input_ids: np.ndarray,
-    positions: np.ndarray,
+    input_ids: np.ndarray | Sequence[int],
+    positions: np.ndarray | Sequence[int],
     logprob_starts: Sequence[int] | None = None,
 ) -> ForwardBatch:
     """Marks every request's table as synced: the caller sends this batch."""
@@ -106,13 +106,13 @@ def build_vocab_mask(
     samples this step (a decode, or its last prefill chunk) gets its matcher's row, every other
     row allows all tokens. None, the fast path, when no sampling request has a grammar."""
     rows = [
-        i
+        (i, r.grammar)
         for i, (r, prefix, extend) in enumerate(zip(reqs, prefix_lens, extend_lens))
         if r.grammar is not None and prefix + extend == r.fill_len
     ]
     if not rows:
         return None
-    mask = np.full((len(reqs), reqs[rows[0]].grammar.mask_width), -1, dtype=np.int32)
-    for i in rows:
-        reqs[i].grammar.fill(mask, i)
+    mask = np.full((len(reqs), rows[0][1].mask_width), -1, dtype=np.int32)
+    for i, grammar in rows:
+        grammar.fill(mask, i)
     return mask

@@ -48,7 +48,7 @@ class Request:
     # per output token when return_logprob: [logprob, token id, [[top logprob, top id], ...]]
     output_logprobs: list[list[Any]] = field(default_factory=list, init=False)
     # input_logprobs[i]: logprob of prompt token logprob_start_len + 1 + i (complete after prefill)
-    input_logprobs: list[float] = field(default_factory=list, init=False)
+    input_logprobs: list[float | None] = field(default_factory=list, init=False)
     input_logprob_next: int = field(default=0, init=False)  # next prompt position to score
 
     # KV state, valid while admitted. pages[i] holds tokens [i * P, (i + 1) * P).

@@ -77,9 +77,10 @@ def _dfs_weight_order(waiting: list[Request], nodes: list[TreeNode], root: TreeN
     at_node: dict[TreeNode, list[Request]] = {}
     for req, node in zip(waiting, nodes):
         at_node.setdefault(node, []).append(req)
-        while node is not None:
-            weight[node] = weight.get(node, 0) + 1
-            node = node.parent
+        walk: TreeNode | None = node
+        while walk is not None:
+            weight[walk] = weight.get(walk, 0) + 1
+            walk = walk.parent
     order: list[Request] = []
     # post-order: a node's heavier subtrees, then the requests that stop at the node itself
     stack: list[tuple[TreeNode, bool]] = [(root, False)]

@@ -245,8 +245,8 @@ class Scheduler:
         fwd = batch.forward
         if result.step_id != fwd.step_id:
             raise ValueError(f"result of step {result.step_id} for batch {fwd.step_id}")
-        if result.error is not None:
-            return self._fail_batch(batch, result.error)
+        if result.error is not None or result.next_token_ids is None:
+            return self._fail_batch(batch, result.error or "rank 0 returned no tokens")
         extend_lens = fwd.extend_lens.tolist()
         tokens = result.next_token_ids.tolist()
         if batch.is_prefill:

@@ -117,7 +117,9 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, tp, attention) for _ in range(config.num_layers))
+        layers = [LlamaDecoderLayer(config, tp, attention) for _ in range(config.num_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.local_kv_heads = layers[0].self_attn.num_kv_heads  # this rank's (replicated past tp > heads)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # a plain attribute, not a buffer: it stays float32 when the model is cast
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -148,9 +150,10 @@ class LlamaForCausalLM(nn.Module):
         m = self.model
         x = m.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, m.inv_freq, x.dtype)
-        residual = None
+        residual: torch.Tensor | None = None
         for layer, k_cache, v_cache in zip(m.layers, kv_pool.k, kv_pool.v):
             x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        assert residual is not None, "a model has layers"
         # only the rows whose logits are wanted need the final norm and the LM head
         x, _ = m.norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows))
         return self.lm_head(x)
@@ -170,7 +173,7 @@ class LlamaForCausalLM(nn.Module):
             if shard is None:
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             else:
-                param.weight_loader(param, tensor, shard)
+                param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]  # set by tp_layers
             missing.discard(name)
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)[:5]} ({len(missing)} parameters)")

@@ -67,12 +67,11 @@ class ModelRunner:
             self.model.load_weights(
                 weights if weights is not None else iter_weights(config.model_path, self.model_config)
             )
-        attn = self.model.model.layers[0].self_attn
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
             num_pages=config.num_pages,
             page_size=config.page_size,
-            num_kv_heads=attn.num_kv_heads,
+            num_kv_heads=self.model.model.local_kv_heads,
             head_dim=self.model_config.head_dim,
             max_slots=config.max_slots,
             max_pages_per_request=-(-config.max_context_len // config.page_size),
@@ -105,7 +104,7 @@ class ModelRunner:
             input_logprobs = _numpy(picked[:, 0], np.float32)
         return StepResult(
             step_id=batch.step_id,
-            next_token_ids=_numpy(out.next_token_ids, np.int32),
+            next_token_ids=out.next_token_ids.cpu().numpy().astype(np.int32),
             logprobs=_numpy(out.logprobs, np.float32),
             top_logprob_ids=_numpy(out.top_logprob_ids, np.int32),
             top_logprob_values=_numpy(out.top_logprob_values, np.float32),

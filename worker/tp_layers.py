@@ -22,7 +22,7 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
 
 def _param(*shape: int, loader) -> nn.Parameter:
     param = nn.Parameter(torch.empty(*shape), requires_grad=False)
-    param.weight_loader = loader
+    param.weight_loader = loader  # type: ignore[attr-defined]  # each parameter cuts its own shard
     return param
 
 
@@ -126,6 +126,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         if tied_to is not None:
             self.weight = tied_to.weight
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]  # rank 0 only
         logits = self.tp.gather_last_dim(F.linear(hidden, self.weight))
         return None if logits is None else logits[:, : self.vocab_size]

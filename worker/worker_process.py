@@ -53,14 +53,15 @@ class TPWorker:
 
     def serve(self) -> None:
         """Run until the router sends Shutdown. Errors in a step are reported, not fatal."""
-        assert self.runner is not None, "load() first"
+        runner = self.runner
+        assert runner is not None, "load() first"
         rank, size = self.config.runner.tp_rank, self.config.runner.tp_size
-        ctx = zmq.Context.instance()
-        pull = push = None
+        ctx: zmq.Context = zmq.Context.instance()
+        # rank 0 talks to the router; the other ranks get each frame through a broadcast
+        pull = ctx.socket(zmq.PULL)
+        push = ctx.socket(zmq.PUSH)
         if rank == 0:
-            pull = ctx.socket(zmq.PULL)
             pull.connect(self.config.batch_address)
-            push = ctx.socket(zmq.PUSH)
             push.connect(self.config.result_address)
         try:
             while True:
@@ -70,20 +71,20 @@ class TPWorker:
                 msg = decode(frame)
                 if isinstance(msg, Shutdown):
                     return
-                result = self._step(msg)
+                result = _step(runner, msg)
                 if rank == 0:
                     push.send(encode(result))
         finally:
-            for sock in (pull, push):
-                if sock is not None:
-                    sock.close(linger=0)
+            pull.close(linger=0)
+            push.close(linger=0)
 
-    def _step(self, batch: ForwardBatch) -> StepResult | None:
-        try:
-            return self.runner.step(batch)
-        except Exception as exc:  # a failed step fails its requests, not the server
-            logger.error("step %d failed:\n%s", batch.step_id, traceback.format_exc())
-            return StepResult(step_id=batch.step_id, next_token_ids=None, error=f"{type(exc).__name__}: {exc}")
+
+def _step(runner: ModelRunner, batch: ForwardBatch) -> StepResult | None:
+    try:
+        return runner.step(batch)
+    except Exception as exc:  # a failed step fails its requests, not the server
+        logger.error("step %d failed:\n%s", batch.step_id, traceback.format_exc())
+        return StepResult(step_id=batch.step_id, next_token_ids=None, error=f"{type(exc).__name__}: {exc}")
 
 
 def _broadcast_frame(frame: bytes, rank: int) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -183,14 +183,18 @@ class SSEResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
+    def __init__(self, body: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
+        super().__init__(body, headers=headers)
+        self._body = body
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            await self._body.aclose()
 
 
-async def start_stream(chunks: AsyncIterator[dict[str, Any]]) -> SSEResponse:
+async def start_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> SSEResponse:
     """SSE frames of ``chunks``, then ``[DONE]``.
 
     The first chunk is awaited before answering, so a request the router rejects at once
@@ -199,7 +203,7 @@ async def start_stream(chunks: AsyncIterator[dict[str, Any]]) -> SSEResponse:
     """
     first = await anext(chunks)
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         try:
             yield sse(first)
             async for chunk in chunks:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -25,7 +25,7 @@ HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 async def _native_chunks(
     streams: list[AsyncIterator[Generation]], indexed: bool, return_logprob: bool
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     async for index, gen in merge(streams):
         chunk = gen.native(return_logprob)
         if indexed:
@@ -33,7 +33,7 @@ async def _native_chunks(
         yield chunk
 
 
-async def _last(stream: AsyncIterator[Generation]) -> Generation:
+async def _last(stream: AsyncIterator[Generation]) -> Generation | None:
     last = None
     async for gen in stream:
         last = gen

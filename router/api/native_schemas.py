@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -141,12 +142,12 @@ class GenerateIn(BaseModel):
     def is_batch(self) -> bool:
         if self.text is not None:
             return isinstance(self.text, list)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        return any(isinstance(p, list) for p in self.input_ids or [])
 
     def prompts(self) -> list[str | list[int]]:
         if self.text is not None:
             return list(self.text) if isinstance(self.text, list) else [self.text]
-        return list(self.input_ids) if self.is_batch else [self.input_ids]
+        return [*id_prompts(self.input_ids or [])]
 
     def params_for(self, index: int) -> SamplingParamsIn:
         if isinstance(self.sampling_params, list):
@@ -184,3 +185,10 @@ class GenerateIn(BaseModel):
                     )
                 )
         return requests
+
+
+def id_prompts(ids: Sequence[int | list[int]]) -> list[list[int]]:
+    """Token-id prompts given as one list of ids or as a batch of them (never mixed: the
+    schema admits either shape, not both), as a batch."""
+    batch = [p for p in ids if isinstance(p, list)]
+    return batch or [[p for p in ids if isinstance(p, int)]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -25,9 +25,10 @@ _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def finish_reason(gen: Generation) -> str | None:
-    if not gen.finished:
+    kind = gen.finish_type
+    if not gen.finished or kind is None:
         return None
-    return _FINISH_REASONS.get(gen.finish_type, gen.finish_type)
+    return _FINISH_REASONS.get(kind, kind)
 
 
 def usage(gens: list[Generation], n: int) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def _head(kind: str, prefix: str, model: str) -> dict[str, Any]:
 
 async def _completion_chunks(
     streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any]
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
     async for index, gen in merge(streams):
         latest[index] = gen
@@ -113,7 +114,7 @@ async def _completion_chunks(
 
 async def _chat_chunks(
     streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, head: dict[str, Any]
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
 
     def chunk(

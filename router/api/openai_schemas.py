@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixcluster.router.api.native_schemas import SamplingParamsIn, TokenId
+from radixcluster.router.api.native_schemas import SamplingParamsIn, TokenId, id_prompts
 
 # OpenAI's chat has no default cap; a bounded one keeps a forgotten max_tokens from running
 # to the end of the context.
@@ -70,6 +70,10 @@ class OpenAIRequest(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def sampling(self) -> SamplingParamsIn:
+        """The request's sampling parameters in SGLang's terms (each endpoint has its own)."""
+        raise NotImplementedError
+
     def _sampling(self, max_new_tokens: int, **overrides: Any) -> SamplingParamsIn:
         """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
         params: dict[str, Any] = {
@@ -107,9 +111,8 @@ class CompletionIn(OpenAIRequest):
     def prompts(self) -> list[str | list[int]]:
         if isinstance(self.prompt, str):
             return [self.prompt]
-        if self.prompt and isinstance(self.prompt[0], int):
-            return [self.prompt]
-        return list(self.prompt)
+        texts = [p for p in self.prompt if isinstance(p, str)]
+        return [*texts] if texts else [*id_prompts([p for p in self.prompt if not isinstance(p, str)])]
 
     def sampling(self) -> SamplingParamsIn:
         return self._sampling(self.max_tokens)
@@ -156,7 +159,7 @@ class ResponseFormat(BaseModel):
         """The json_schema sampling parameter this format asks for."""
         if self.type == "json_object":
             return JSON_OBJECT_SCHEMA
-        if self.type == "json_schema":
+        if self.type == "json_schema" and self.json_schema is not None:
             return json.dumps(self.json_schema.schema_)
         return None
 

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 import zmq.asyncio
@@ -42,6 +42,12 @@ class DuplicateRequestId(ValueError):
     """A request id that is already running."""
 
 
+class _Sockets(NamedTuple):
+    ctx: zmq.asyncio.Context
+    push: zmq.asyncio.Socket
+    pull: zmq.asyncio.Socket
+
+
 class RouterClient:
     """Sends requests to the router and routes its outputs back to the waiting callers.
 
@@ -51,26 +57,25 @@ class RouterClient:
     def __init__(self, request_address: str, output_address: str) -> None:
         self._request_address = request_address
         self._output_address = output_address
-        self._ctx: zmq.asyncio.Context | None = None
-        self._push: zmq.asyncio.Socket | None = None
-        self._pull: zmq.asyncio.Socket | None = None
+        self._sockets: _Sockets | None = None
         self._receiver: asyncio.Task | None = None
         self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._controls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._pending_sends: set[asyncio.Future] = set()
 
     async def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
+        ctx = zmq.asyncio.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
         # Queue only on a live connection, so a send to an absent router waits (and times out)
         # instead of piling up requests the router would run long after their callers left.
-        self._push.setsockopt(zmq.IMMEDIATE, 1)
-        self._push.connect(self._request_address)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.connect(self._output_address)
-        self._receiver = asyncio.create_task(self._receive_loop(), name="router-client-receive")
+        push.setsockopt(zmq.IMMEDIATE, 1)
+        push.connect(self._request_address)
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.connect(self._output_address)
+        self._sockets = _Sockets(ctx, push, pull)
+        self._receiver = asyncio.create_task(self._receive_loop(pull), name="router-client-receive")
 
     async def close(self) -> None:
         if self._receiver is not None:
@@ -79,10 +84,10 @@ class RouterClient:
         for fut in self._controls.values():
             if not fut.done():
                 fut.set_exception(RouterUnavailable("the api is shutting down"))
-        if self._ctx is not None:
-            self._push.close()
-            self._pull.close()
-            self._ctx.term()
+        if self._sockets is not None:
+            self._sockets.push.close()
+            self._sockets.pull.close()
+            self._sockets.ctx.term()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Send ``request`` and yield its outputs until one is finished or carries an error.
@@ -108,9 +113,9 @@ class RouterClient:
 
     def abort(self, rid: str) -> None:
         """Tell the router to drop ``rid``; never blocks, so it is safe while being cancelled."""
-        if self._push is None:
+        if self._sockets is None:
             return
-        fut = self._push.send(encode(AbortRequest(rid=rid)))
+        fut = asyncio.ensure_future(self._sockets.push.send(encode(AbortRequest(rid=rid))))
         self._pending_sends.add(fut)
         fut.add_done_callback(self._sent)
 
@@ -138,14 +143,16 @@ class RouterClient:
             self._controls.pop(cid, None)
 
     async def _send(self, msg: Any, timeout: float = SEND_TIMEOUT_S) -> None:
+        if self._sockets is None:
+            raise RouterUnavailable("the api's router client is not started")
         try:
-            await asyncio.wait_for(self._push.send(encode(msg)), timeout)
+            await asyncio.wait_for(self._sockets.push.send(encode(msg)), timeout)
         except asyncio.TimeoutError:
             raise RouterUnavailable(f"the router did not accept a request within {timeout:g} s") from None
 
-    async def _receive_loop(self) -> None:
+    async def _receive_loop(self, pull: zmq.asyncio.Socket) -> None:
         while True:
-            frame = await self._pull.recv()
+            frame = await pull.recv()
             try:
                 msg = decode(frame)
             except ProtocolError as exc:

@@ -165,30 +165,27 @@ class RadixTree:
     def record_hit(self, node: TreeNode) -> None:
         """A request was admitted on the (locked) path to ``node``: count a hit on every node
         of it, LFU's frequency. Matches that merely order the queue count nothing."""
-        while node is not self.root:
-            node.hit_count += 1
-            node = node.parent
+        for n in self.path(node):
+            n.hit_count += 1
 
     def lock(self, node: TreeNode) -> None:
         """Protect ``node`` and its ancestors from eviction (one lock per running request)."""
-        while node is not self.root:
-            if node.lock_ref == 0:
-                self.evictable_tokens -= len(node.key)
-                self.protected_tokens += len(node.key)
-            node.lock_ref += 1
-            node = node.parent
+        for n in self.path(node):
+            if n.lock_ref == 0:
+                self.evictable_tokens -= len(n.key)
+                self.protected_tokens += len(n.key)
+            n.lock_ref += 1
 
     def unlock(self, node: TreeNode) -> None:
         """Release a lock taken by ``lock(node)`` on the very same node."""
-        while node is not self.root:
-            if node.lock_ref <= 0:
+        for n in self.path(node):
+            if n.lock_ref <= 0:
                 raise RuntimeError("unlock of a node that is not locked")
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self.evictable_tokens += len(node.key)
-                self.protected_tokens -= len(node.key)
-                self._push(node)
-            node = node.parent
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                self.evictable_tokens += len(n.key)
+                self.protected_tokens -= len(n.key)
+                self._push(n)
 
     def evict(self, num_tokens: int) -> int:
         """Free unlocked leaves (by policy) until ``num_tokens`` tokens are freed or none is left.
@@ -213,11 +210,14 @@ class RadixTree:
 
     def path_pages(self, node: TreeNode) -> np.ndarray:
         """The pages from the root down to ``node`` (what a lock on ``node`` protects)."""
-        parts = []
-        while node is not self.root:
-            parts.append(node.value)
-            node = node.parent
-        return _concat(parts[::-1])
+        return _concat([n.value for n in self.path(node)][::-1])
+
+    def path(self, node: TreeNode) -> Iterator[TreeNode]:
+        """``node`` and its ancestors up to the root (excluded), deepest first."""
+        walk: TreeNode | None = node
+        while walk is not None and walk is not self.root:
+            yield walk
+            walk = walk.parent
 
     def check_integrity(self) -> np.ndarray:
         """Walk the tree, verify its structure and counters; return every page it owns.
@@ -265,7 +265,7 @@ class RadixTree:
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut ``child`` after ``n`` tokens; the new parent inherits lock and access state."""
         ps = self.page_size
-        parent = child.parent
+        parent = _parent(child)
         new = TreeNode(child.key[:n].copy(), child.value[: n // ps].copy(), parent, child.salt)
         new.lock_ref = child.lock_ref
         new.last_access = child.last_access
@@ -292,7 +292,7 @@ class RadixTree:
 
     def _remove_leaf(self, node: TreeNode) -> None:
         self._emit("evict", node)
-        parent = node.parent
+        parent = _parent(node)
         del parent.children[self._child_key(parent, node.key[: self.page_size], node.salt)]
         node.parent = None
         node.heap_seq = -1
@@ -306,6 +306,12 @@ class RadixTree:
         """The single choke point of tree events ("insert" a new leaf, "evict" a leaf)."""
         if self.on_event is not None:
             self.on_event(kind, node)
+
+
+def _parent(node: TreeNode) -> TreeNode:
+    if node.parent is None:
+        raise IntegrityError("a node below the root without a parent")
+    return node.parent
 
 
 def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:

@@ -130,7 +130,7 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Ba
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
-    pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    pairs = [(first, second) for first, second in (merge.split(" ", 1) for merge in merges)]
     backend = Backend(
         BPE(
             vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False

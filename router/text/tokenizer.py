@@ -66,7 +66,7 @@ class Tokenizer:
             if run:
                 pieces.append(self.backend.decode(run, skip_special_tokens=False))
                 run = []
-            pieces.append(self.backend.id_to_token(token_id))
+            pieces.append(self.backend.id_to_token(token_id) or "")
         if run:
             pieces.append(self.backend.decode(run, skip_special_tokens=False))
         return " ".join(pieces)
