@@ -50,6 +50,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -79,15 +80,20 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     # first prompt position whose logprob is returned; -1: no prompt logprobs
     logprob_start_len: int = -1
+    # logprob entries carry each token's text (RequestOutput.token_texts)
+    return_text_in_logprobs: bool = False
     cache_salt: str | None = None
 
 
 @message
 @dataclass(slots=True)
 class AbortRequest:
-    """The client went away or cancelled: drop the request and release its pages."""
+    """The client went away or cancelled: drop the request and release its pages. The
+    request's caller, if still waiting, gets a last output with finish reason ``abort``;
+    ``abort_all`` ends every request (``rid`` is then ignored)."""
 
     rid: str
+    abort_all: bool = False
 
 
 @message
@@ -110,6 +116,10 @@ class RequestOutput:
     output_logprobs: list[list[Any]] = field(default_factory=list)
     # prompt tokens from logprob_start_len on: [logprob or None, token id]
     input_logprobs: list[list[Any]] = field(default_factory=list)
+    # beside input_logprobs when top_logprobs_num > 0: [[top logprob, top id], ...] or None
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    # the text of each token id in this output's logprob entries, when asked
+    token_texts: dict[int, str] = field(default_factory=dict)
     error: str | None = None
     status: int = 200
 
@@ -118,7 +128,7 @@ class RequestOutput:
 @dataclass(slots=True)
 class ControlRequest:
     """Api -> router: a request that is not a generation (``flush_cache``, ``cache_info``,
-    ``server_info``, ``stats``, ``tokenize``)."""
+    ``server_info``, ``stats``, ``tokenize``, ``detokenize``)."""
 
     cid: str
     kind: str
@@ -204,6 +214,10 @@ class StepResult:
     top_logprob_values: np.ndarray | None = None  # float32 [B, K]
     # float32 [sum of asked input positions]: logprob of each next prompt token
     input_logprobs: np.ndarray | None = None
+    # [sum of asked input positions, K]: the top logprobs there, K the largest top_logprobs_num
+    # of the requests that ask for input logprobs; None when K == 0
+    input_top_logprob_ids: np.ndarray | None = None  # int32
+    input_top_logprob_values: np.ndarray | None = None  # float32
     error: str | None = None
 
 

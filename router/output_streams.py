@@ -12,6 +12,7 @@ from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.request import Request
 from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
 from radixcluster.router.text.prompt_memo import PromptMemo
+from radixcluster.router.text.stop_regex import RegexStopChecker
 from radixcluster.router.text.tokenizer import Tokenizer
 
 
@@ -21,13 +22,29 @@ class _Stream:
     stream: bool
     detok: IncrementalDetokenizer
     stops: StopChecker
+    regexes: RegexStopChecker
     prompt_text: str | None
+    token_texts: bool = False  # logprob entries carry token text
     text: str = ""  # everything emitted so far
     sent_ids: int = 0
     sent_logprobs: int = 0
     sent_input_logprobs: bool = False
     # a non-streaming request's deltas, held until it finishes
     held: RequestOutput | None = None
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """Text to emit and whether a stop string or stop regex ended it."""
+        text, stopped = self.stops.feed(delta)
+        return (text, True) if stopped else self.regexes.feed(text)
+
+    def flush(self) -> str:
+        """The rest of the text of a request that ended without a stop."""
+        text, stopped = self.feed(self.detok.flush())
+        return text if stopped else text + self.regexes.feed(self.stops.flush())[0]
+
+    @property
+    def matched(self) -> str | None:
+        return self.stops.matched or self.regexes.matched
 
 
 @dataclass(slots=True)
@@ -44,7 +61,9 @@ class OutputStreams:
             stream=msg.stream,
             detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens, s.spaces_between_special_tokens),
             stops=StopChecker(s.stop, s.no_stop_trim),
+            regexes=RegexStopChecker(s.stop_regex),
             prompt_text=prompt_text,
+            token_texts=msg.return_text_in_logprobs,
         )
 
     def close(self, rid: str) -> None:
@@ -74,12 +93,11 @@ class OutputStreams:
             stream = self._streams.get(req.rid)
             if stream is None:
                 continue
-            text, stopped = stream.stops.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
+            text, stopped = stream.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
             if stopped and not req.finished:
-                scheduler.finish_request(req.rid, {"type": "stop", "matched": stream.stops.matched})
+                scheduler.finish_request(req.rid, {"type": "stop", "matched": stream.matched})
             if req.finished and not stopped:
-                tail, _ = stream.stops.feed(stream.detok.flush())
-                text += tail + stream.stops.flush()
+                text += stream.flush()
             out = self._delta(stream, text)
             if req.finished:
                 del self._streams[req.rid]
@@ -99,11 +117,17 @@ class OutputStreams:
         out.text += text
         stream.text += text
         out.output_ids.extend(new_ids)
-        out.output_logprobs.extend(req.output_logprobs[stream.sent_logprobs :])
+        new_logprobs = req.output_logprobs[stream.sent_logprobs :]
+        out.output_logprobs.extend(new_logprobs)
         prefill_done = bool(req.output_ids) or req.finished
+        new_input: list[list[Any]] = []
         if req.logprob_start_len >= 0 and prefill_done and not stream.sent_input_logprobs:
-            out.input_logprobs = _input_logprobs(req)
+            out.input_logprobs = new_input = _input_logprobs(req)
+            if req.top_logprobs_num:
+                out.input_top_logprobs = [None, *req.input_top_logprobs]  # the first token has no logprob
             stream.sent_input_logprobs = True
+        if stream.token_texts:
+            out.token_texts.update(self._token_texts(_entry_ids(new_input, out.input_top_logprobs, new_logprobs)))
         out.prompt_tokens = req.prompt_len
         out.completion_tokens = len(req.output_ids)
         out.cached_tokens = req.cached_tokens
@@ -111,6 +135,10 @@ class OutputStreams:
         stream.sent_logprobs = len(req.output_logprobs)
         stream.held = None if stream.stream else out
         return out
+
+    def _token_texts(self, ids: set[int]) -> dict[int, str]:
+        """Each token's own text, special tokens spelled out (SGLang's return_text_in_logprobs)."""
+        return {t: self.tokenizer.decode([t], skip_special_tokens=False) for t in ids}
 
     def _remember(self, stream: _Stream) -> None:
         """Memo the finished prompt + answer text with the ids that produced it, when the ids
@@ -126,6 +154,16 @@ class OutputStreams:
         self.memo.remember(
             stream.prompt_text + stream.text, np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)])
         )
+
+
+def _entry_ids(input_entries: list[list[Any]], input_tops: list[Any], output_entries: list[list[Any]]) -> set[int]:
+    """Every token id the entries name: prompt and output tokens and their top alternatives."""
+    ids = {tid for _, tid in input_entries}
+    ids.update(tid for tops in input_tops if tops for _, tid in tops)
+    for _, tid, tops in output_entries:
+        ids.add(tid)
+        ids.update(t for _, t in tops)
+    return ids
 
 
 def _input_logprobs(req: Request) -> list[list[Any]]:

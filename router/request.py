@@ -49,6 +49,8 @@ class Request:
     output_logprobs: list[list[Any]] = field(default_factory=list, init=False)
     # input_logprobs[i]: logprob of prompt token logprob_start_len + 1 + i (complete after prefill)
     input_logprobs: list[float | None] = field(default_factory=list, init=False)
+    # beside input_logprobs when top_logprobs_num > 0: [[top logprob, top id], ...] or None
+    input_top_logprobs: list[list[list[Any]] | None] = field(default_factory=list, init=False)
     input_logprob_next: int = field(default=0, init=False)  # next prompt position to score
 
     # KV state, valid while admitted. pages[i] holds tokens [i * P, (i + 1) * P).

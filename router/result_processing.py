@@ -49,7 +49,19 @@ def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
         keep = max(0, min(n, req.prompt_len - 1 - first))
         if not req.finished:
             req.input_logprobs.extend(values[offset : offset + keep].tolist())
+            if req.top_logprobs_num and result.input_top_logprob_ids is not None:
+                req.input_top_logprobs.extend(_top_rows(result, offset, keep, req.top_logprobs_num))
             if end < req.prompt_len:
                 req.input_logprobs.append(None)
+                if req.top_logprobs_num:
+                    req.input_top_logprobs.append(None)
             req.input_logprob_next = min(end, req.prompt_len)
         offset += n
+
+
+def _top_rows(result: StepResult, offset: int, count: int, k: int) -> list[list[list[Any]] | None]:
+    """``[[top logprob, top id], ...]`` (``k`` of them) of input rows ``offset .. offset + count``."""
+    assert result.input_top_logprob_ids is not None and result.input_top_logprob_values is not None
+    ids = result.input_top_logprob_ids[offset : offset + count, :k].tolist()
+    values = result.input_top_logprob_values[offset : offset + count, :k].tolist()
+    return [[[v, t] for v, t in zip(vs, ts)] for vs, ts in zip(values, ids)]

@@ -98,9 +98,9 @@ class Router:
             self.scheduler.add_request(request)
             return []
         if isinstance(msg, AbortRequest):
-            if self.scheduler.abort_request(msg.rid):
-                self.streams.close(msg.rid)
-            return []
+            rids = self.streams.rids() if msg.abort_all else [msg.rid] if msg.rid in self.streams else []
+            aborted: list[RequestOutput | ControlResponse] = [*self._abort(rids, "the request was aborted", 200)]
+            return aborted
         if isinstance(msg, ControlRequest):
             return [self._control(msg)]
         logger.warning("ignoring unexpected message %s", type(msg).__name__)
@@ -142,16 +142,42 @@ class Router:
             return ControlResponse(msg.cid, self._stats())
         if msg.kind == "server_info":
             return ControlResponse(msg.cid, self._server_info())
+        if msg.kind in ("tokenize", "detokenize"):
+            try:
+                payload = self._tokenize(msg.args) if msg.kind == "tokenize" else self._detokenize(msg.args)
+            except ValueError as exc:
+                return ControlResponse(msg.cid, error=str(exc))
+            return ControlResponse(msg.cid, payload)
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
 
     def _stats(self) -> dict:
         """The scheduler's counters and gauges, and the tokens streamed, for /metrics."""
         return {**self.scheduler.stats(), "generation_tokens_total": self.streams.generated_tokens_total}
 
+    def _tokenize(self, args: dict) -> dict:
+        """``{"tokens": [ids of each prompt]}``: ``prompts`` encoded as /generate would, or
+        ``messages`` rendered with the chat template first; ValueError on a bad chat."""
+        if "messages" in args:
+            text = self.tokenizer.apply_chat_template(args["messages"], args.get("add_generation_prompt", True))
+            return {"tokens": [self.tokenizer.encode(text, add_special_tokens=False)]}
+        add_special = bool(args.get("add_special_tokens", True))
+        return {"tokens": [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]}
+
+    def _detokenize(self, args: dict) -> dict:
+        """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary."""
+        vocab = self.intake.vocab_size
+        for ids in args["tokens"]:
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        skip = bool(args.get("skip_special_tokens", True))
+        return {"texts": [self.tokenizer.decode(ids, skip_special_tokens=skip) for ids in args["tokens"]]}
+
     def _server_info(self) -> dict:
         c = self.config
         return {
             "model_path": str(c.model_path),
+            "tokenizer_path": str(self.tokenizer.path),
             "served_model_name": c.served_model_name,
             "tp_size": c.tp_size,
             "page_size": c.page_size,

@@ -98,10 +98,14 @@ class ModelRunner:
         positions = _tensor(batch.prefix_lens.astype(np.int64) + batch.extend_lens, torch.int64, self.device)
         mask = None if batch.vocab_mask is None else _tensor(batch.vocab_mask, torch.int32, self.device)
         out = sample(logits.last, batch.sampling, positions, mask)
-        input_logprobs = None
+        input_logprobs = input_top_ids = input_top_values = None
         if batch.logprob_starts is not None:
-            picked = torch.log_softmax(logits.prompt, dim=-1).gather(1, logits.prompt_targets[:, None])
-            input_logprobs = _numpy(picked[:, 0], np.float32)
+            prompt_logp = torch.log_softmax(logits.prompt, dim=-1)
+            input_logprobs = _numpy(prompt_logp.gather(1, logits.prompt_targets[:, None])[:, 0], np.float32)
+            k = int(np.max(batch.sampling.top_logprobs_num[batch.logprob_starts >= 0], initial=0))
+            if k > 0:
+                values, ids = prompt_logp.topk(k, dim=-1)
+                input_top_ids, input_top_values = _numpy(ids, np.int32), _numpy(values, np.float32)
         return StepResult(
             step_id=batch.step_id,
             next_token_ids=out.next_token_ids.cpu().numpy().astype(np.int32),
@@ -109,6 +113,8 @@ class ModelRunner:
             top_logprob_ids=_numpy(out.top_logprob_ids, np.int32),
             top_logprob_values=_numpy(out.top_logprob_values, np.float32),
             input_logprobs=input_logprobs,
+            input_top_logprob_ids=input_top_ids,
+            input_top_logprob_values=input_top_values,
         )
 
     def _run(self, batch: ForwardBatch) -> _Logits | None:

@@ -4,6 +4,7 @@ process (the sockets around it are exercised by the end-to-end tests)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -121,7 +122,8 @@ def test_abort_mid_generation_releases_everything(router, runner):
     router.submit(msg)
     for _ in range(3):
         router.step(runner.step)
-    assert router.submit(AbortRequest(rid=msg.rid)) == []
+    (last,) = router.submit(AbortRequest(rid=msg.rid))  # the caller, if waiting, learns why it ended
+    assert last.finished and last.finish_reason["type"] == "abort" and last.error is None
     assert router.step(runner.step) == [] and router.idle()
     router.scheduler.check_integrity()
     stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
@@ -143,6 +145,21 @@ def test_batched_prompt_logprobs_equal_the_reference(router, runner, hf_tokenize
         np.testing.assert_allclose([lp for lp, _ in got[1:]], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_prompt_top_logprobs_equal_the_reference(router, runner, hf_tokenizer, hf_model):
+    text = "Hello world, this is a test of the top logprobs of a prompt"
+    msg = request(text, return_logprob=True, logprob_start_len=2, top_logprobs_num=3, sampling={"max_new_tokens": 1})
+    (last,) = run(router, runner, msg)[msg.rid]
+    ids = hf_tokenizer(text, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logp = torch.log_softmax(hf_model(ids).logits[0].float(), -1)
+    tops = last.input_top_logprobs
+    assert len(tops) == len(last.input_logprobs) == ids.shape[1] - 2 and tops[0] is None
+    for position, top in enumerate(tops[1:], start=2):
+        values, top_ids = logp[position].topk(3)
+        assert [t for _, t in top] == top_ids.tolist()
+        np.testing.assert_allclose([v for v, _ in top], values.tolist(), rtol=1e-4, atol=1e-4)
+
+
 def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
     """Sampled text need not re-encode to the ids that produced it; the next turn must still
     hit the whole previous prompt + answer."""
@@ -159,3 +176,60 @@ def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
     reply = run(router, runner, second)[second.rid][-1]
     answer_ids = [t for t in answer.output_ids if t not in router.tokenizer.eos_token_ids]
     assert reply.cached_tokens >= answer.prompt_tokens + len(answer_ids) - 1
+
+
+def test_abort_all_ends_every_request(router, runner):
+    msgs = [request(f"Count to {n}:", sampling={"max_new_tokens": 100, "ignore_eos": True}) for n in (3, 4)]
+    for msg in msgs:
+        router.submit(msg)
+    router.step(runner.step)
+    outs = router.submit(AbortRequest(rid="", abort_all=True))
+    assert sorted(o.rid for o in outs) == sorted(m.rid for m in msgs)
+    assert all(o.finish_reason["type"] == "abort" for o in outs) and router.idle()
+    router.scheduler.check_integrity()
+
+
+def test_stop_regex_ends_the_text_after_its_match(router, runner):
+    prompt = "Write the numbers from one to twenty in words:"
+    whole = run(router, runner, request(prompt, sampling={"max_new_tokens": 24, "ignore_eos": True}))
+    text = next(iter(whole.values()))[-1].text
+    piece = text[8:12]
+    pattern = re.escape(piece)
+    stopped = run(router, runner, request(prompt, sampling={"max_new_tokens": 24, "stop_regex": [pattern]}))
+    last = next(iter(stopped.values()))[-1]
+    assert last.text == text[: text.index(piece) + len(piece)]  # the match is kept
+    assert last.finish_reason == {"type": "stop", "matched": pattern}
+
+
+def test_logprob_entries_get_each_tokens_own_text(router, runner):
+    msg = request(
+        "<|im_start|>user\nHi<|im_end|>\n",
+        return_logprob=True,
+        top_logprobs_num=2,
+        logprob_start_len=0,
+        return_text_in_logprobs=True,
+        sampling={"max_new_tokens": 3},
+    )
+    (last,) = run(router, runner, msg)[msg.rid]
+    ids = [tid for _, tid in last.input_logprobs] + [tid for _, tid, _ in last.output_logprobs]
+    ids += [tid for _, _, tops in last.output_logprobs for _, tid in tops]
+    ids += [tid for tops in last.input_top_logprobs if tops for _, tid in tops]
+    assert set(last.token_texts) == set(ids)
+    for tid, text in last.token_texts.items():
+        assert text == router.tokenizer.decode([tid], skip_special_tokens=False)
+    assert last.token_texts[last.input_logprobs[0][1]] == "<|im_start|>"  # special tokens spelled out
+    plain = request("Hi", return_logprob=True, sampling={"max_new_tokens": 2})
+    assert run(router, runner, plain)[plain.rid][-1].token_texts == {}
+
+
+def test_tokenize_and_detokenize_round_trip(router):
+    def control(kind, **args):
+        return router.submit(ControlRequest(cid="t", kind=kind, args=args))[0]
+
+    (ids,) = control("tokenize", prompts=["你好, world"], add_special_tokens=True).payload["tokens"]
+    assert ids == router.tokenizer.encode("你好, world")
+    assert control("detokenize", tokens=[ids]).payload["texts"] == ["你好, world"]
+    chat = control("tokenize", messages=[{"role": "user", "content": "Hi"}]).payload["tokens"][0]
+    assert router.tokenizer.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+    assert "49152" in control("detokenize", tokens=[[1, 49152]]).error
+    assert "role" in control("tokenize", messages=[{"role": "robot", "content": "x"}]).error

@@ -335,11 +335,14 @@ def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
     assert fwd.prefix_lens.tolist() == [10] and fwd.logprob_starts.tolist() == [0]
     result = ex(fwd)
     result.input_logprobs = np.arange(19, dtype=np.float32)  # the worker scores 20 new tokens but the last
+    result.input_top_logprob_ids = np.tile(np.array([[7, 8, 9]], dtype=np.int32), (19, 1))  # K: the batch's largest
+    result.input_top_logprob_values = np.tile(np.array([[-0.3, -0.4, -0.5]], dtype=np.float32), (19, 1))
     result.logprobs = np.array([-0.5], dtype=np.float32)
     result.top_logprob_ids = np.array([[4, 5]], dtype=np.int32)
     result.top_logprob_values = np.array([[-0.1, -0.2]], dtype=np.float32)
     s.process_result(batch, result)
     assert r.input_logprobs == list(range(19)) and r.cached_tokens == 10  # the last scores an output
+    assert r.input_top_logprobs == [[[pytest.approx(-0.3), 7], [pytest.approx(-0.4), 8]]] * 19  # its own 2
     assert r.output_logprobs[0][:2] == [-0.5, r.output_ids[0]]
     assert r.output_logprobs[0][2] == [[pytest.approx(-0.1), 4], [pytest.approx(-0.2), 5]]
 
