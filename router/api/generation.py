@@ -30,6 +30,8 @@ class Generation:
     """Everything one request has produced so far (the router sends deltas)."""
 
     rid: str
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
@@ -39,6 +41,8 @@ class Generation:
     cached_tokens: int = 0
     output_logprobs: list[list[Any]] = field(default_factory=list)
     input_logprobs: list[list[Any]] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    token_texts: dict[int, str] = field(default_factory=dict)
     e2e_latency: float = 0.0
     # what the last update added, for streams that send deltas
     new_text: str = ""
@@ -49,6 +53,8 @@ class Generation:
         self.output_ids.extend(out.output_ids)
         self.output_logprobs.extend(out.output_logprobs)
         self.input_logprobs.extend(out.input_logprobs)
+        self.input_top_logprobs.extend(out.input_top_logprobs)
+        self.token_texts.update(out.token_texts)
         self.new_text = out.text
         self.new_output_logprobs = out.output_logprobs
         self.prompt_tokens = out.prompt_tokens
@@ -61,8 +67,9 @@ class Generation:
     def finish_type(self) -> str | None:
         return None if self.finish_reason is None else self.finish_reason.get("type")
 
-    def native(self, return_logprob: bool) -> dict[str, Any]:
-        """SGLang's native response object (cumulative)."""
+    def native(self) -> dict[str, Any]:
+        """SGLang's native response object (cumulative). Logprob entries are SGLang's
+        ``[logprob, token id, token text or None]``."""
         meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.finish_reason,
@@ -71,12 +78,18 @@ class Generation:
             "cached_tokens": self.cached_tokens,
             "e2e_latency": self.e2e_latency,
         }
-        if return_logprob:
-            meta["input_token_logprobs"] = [[lp, tid, None] for lp, tid in self.input_logprobs]
-            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid, _ in self.output_logprobs]
-            meta["output_top_logprobs"] = [
-                [[tlp, tid, None] for tlp, tid in tops] for _, _, tops in self.output_logprobs
-            ]
+        if self.return_logprob:
+            text = self.token_texts.get
+            meta["input_token_logprobs"] = [[lp, tid, text(tid)] for lp, tid in self.input_logprobs]
+            meta["output_token_logprobs"] = [[lp, tid, text(tid)] for lp, tid, _ in self.output_logprobs]
+            if self.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [
+                    None if tops is None else [[tlp, tid, text(tid)] for tlp, tid in tops]
+                    for tops in self.input_top_logprobs
+                ]
+                meta["output_top_logprobs"] = [
+                    [[tlp, tid, text(tid)] for tlp, tid in tops] for _, _, tops in self.output_logprobs
+                ]
         return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
 
 
@@ -84,7 +97,7 @@ async def run_generation(
     client: RouterClient, request: GenerateRequest, metrics: ApiMetrics
 ) -> AsyncIterator[Generation]:
     """Yield the request's Generation after each output; a router rejection raises ApiError."""
-    gen = Generation(rid=request.rid)
+    gen = Generation(rid=request.rid, return_logprob=request.return_logprob, top_logprobs_num=request.top_logprobs_num)
     start = last_token = time.monotonic()
     first = True
     async for out in client.generate(request):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster import __version__
@@ -21,13 +22,14 @@ from radixcluster.router.api.router_client import RouterError, RouterUnavailable
 
 HEALTH_TIMEOUT_S = 2.0
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+FLUSH_RETRY_S = 0.05
 
 
 async def _native_chunks(
-    streams: list[AsyncIterator[Generation]], indexed: bool, return_logprob: bool
+    streams: list[AsyncIterator[Generation]], indexed: bool
 ) -> AsyncGenerator[dict[str, Any], None]:
     async for index, gen in merge(streams):
-        chunk = gen.native(return_logprob)
+        chunk = gen.native()
         if indexed:
             chunk["index"] = index
         yield chunk
@@ -49,8 +51,8 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         streams = [run_generation(ctx.client, sub, ctx.metrics) for sub in body.expand()]
         as_list = body.returns_list()
         if body.stream:
-            return await start_stream(_native_chunks(streams, as_list, body.return_logprob))
-        results = [gen.native(body.return_logprob) for gen in await collect(request, streams)]
+            return await start_stream(_native_chunks(streams, as_list))
+        results = [gen.native() for gen in await collect(request, streams)]
         return JSONResponse(results if as_list else results[0])
 
     @router.get("/health")
@@ -74,14 +76,21 @@ def native_routes(ctx: ApiContext) -> APIRouter:
             return error_response(503, f"unhealthy: {exc}")
         return Response(status_code=200)
 
+    @router.get("/server_info")
     @router.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         info = await ctx.client.control("server_info")
         return {**info, "served_model_name": ctx.config.served_model_name, "version": __version__}
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
+    async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:
+        """Empty the tree; with ``timeout`` (seconds, SGLang's), wait that long for running
+        and waiting requests to finish first."""
+        deadline = time.monotonic() + timeout
         result = await ctx.client.control("flush_cache")
+        while not result.get("success", False) and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_RETRY_S)
+            result = await ctx.client.control("flush_cache")
         if not result.get("success", False):
             return error_response(400, result.get("message") or "the router refused to flush the cache")
         return JSONResponse(result)

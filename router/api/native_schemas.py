@@ -4,6 +4,7 @@ protocol GenerateRequest per prompt and sample."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -15,10 +16,61 @@ from radixcluster.protocol import GenerateRequest, SamplingParams
 DEFAULT_MAX_NEW_TOKENS = 128
 
 TokenId = Annotated[int, Field(ge=0)]
+TopLogprobsNum = Annotated[int, Field(ge=0, le=20)]
+LogprobStart = Annotated[int, Field(ge=-1)]  # -1: no prompt logprobs
+
+# Fields of SGLang's SamplingParams and GenerateReqInput that change what a request does and
+# that this server does not implement: accepted at their defaults (null, false, empty), refused
+# with a 400 naming them otherwise. Why each is missing, for the message.
+UNSUPPORTED_SAMPLING = {
+    "structural_tag": "structural tags are not implemented (use regex, json_schema or ebnf)",
+    "logit_bias": "logit biases are not implemented",
+    "custom_params": "custom logit processors are not run here",
+    "beam_width": "beam search is not implemented",
+    "watermark": "watermarking is not implemented",
+    "choice": "use regex with an alternation of the choices",
+}
+UNSUPPORTED_REQUEST = {
+    "custom_logit_processor": "this server does not run client-supplied code (custom logit processors)",
+    "input_embeds": "prompts are text or token ids",
+    "image_data": "the served models read text only",
+    "video_data": "the served models read text only",
+    "audio_data": "the served models read text only",
+    "lora_path": "LoRA adapters are not supported",
+    "lora_id": "LoRA adapters are not supported",
+    "token_ids_logprob": "logprobs of chosen token ids are not computed (use top_logprobs_num)",
+    "return_hidden_states": "hidden states are not returned",
+    "return_routed_experts": "the served models have no experts",
+    "return_entropy": "entropies are not returned",
+    "return_prompt_token_ids": "prompt token ids are not returned (POST /tokenize gives them)",
+    "session_params": "sessions are not supported (the radix cache shares prefixes without them)",
+    "bootstrap_host": "prefill/decode disaggregation is not supported",
+    "bootstrap_port": "prefill/decode disaggregation is not supported",
+    "bootstrap_room": "prefill/decode disaggregation is not supported",
+    "bootstrap_pair_key": "prefill/decode disaggregation is not supported",
+}
+
+
+def _is_default(value: Any) -> bool:
+    """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists)."""
+    if isinstance(value, list):
+        return all(_is_default(v) for v in value)
+    return value is None or value is False or value == 0 or value == {} or value == ""
+
+
+def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
+    """``data`` without the fields of ``unsupported`` that hold their default; ValueError
+    naming the first one that does not."""
+    if not isinstance(data, dict):
+        return data
+    for name, why in unsupported.items():
+        if not _is_default(data.get(name)):
+            raise ValueError(f"{name} is not supported by this server: {why}")
+    return {key: value for key, value in data.items() if key not in unsupported}
 
 
 class SamplingParamsIn(BaseModel):
-    """SGLang's ``sampling_params``; an unknown key is an error (most often a typo)."""
+    """SGLang's ``sampling_params``; an unknown key is an error (most often a typo), as in SGLang."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -33,6 +85,7 @@ class SamplingParamsIn(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -42,6 +95,13 @@ class SamplingParamsIn(BaseModel):
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    # we stream every step: how often SGLang would send a chunk changes nothing here
+    stream_interval: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, data: Any) -> Any:
+        return drop_unsupported(data, UNSUPPORTED_SAMPLING)
 
     @field_validator("top_k")
     @classmethod
@@ -56,6 +116,16 @@ class SamplingParamsIn(BaseModel):
         # SGLang wants the schema as a string; a JSON object is the obvious thing to send too.
         return json.dumps(value) if isinstance(value, dict) else value
 
+    @field_validator("stop_regex")
+    @classmethod
+    def _regexes_compile(cls, value: str | list[str] | None) -> str | list[str] | None:
+        for pattern in [value] if isinstance(value, str) else value or []:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {exc}") from None
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> SamplingParamsIn:
         grammars = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
@@ -66,7 +136,6 @@ class SamplingParamsIn(BaseModel):
         return self
 
     def to_protocol(self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             max_new_tokens=default_max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
             min_new_tokens=self.min_new_tokens,
@@ -77,8 +146,9 @@ class SamplingParamsIn(BaseModel):
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             repetition_penalty=self.repetition_penalty,
-            stop=stop,
+            stop=_as_list(self.stop),
             stop_token_ids=list(self.stop_token_ids or []),
+            stop_regex=_as_list(self.stop_regex),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
@@ -90,15 +160,28 @@ class SamplingParamsIn(BaseModel):
         )
 
 
+def _as_list(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
 def derive_rids(base: str | None, count: int) -> list[str]:
     """``count`` distinct request ids: ``base`` itself for one, ``base-i`` for several."""
     base = base or uuid.uuid4().hex
     return [base] if count == 1 else [f"{base}-{i}" for i in range(count)]
 
 
+# Per-prompt options that a batch may give as one value for all or as a list, one per prompt.
+_PER_PROMPT = ("return_logprob", "top_logprobs_num", "logprob_start_len", "cache_salt", "extra_key")
+
+
+def _item(value: Any, index: int) -> Any:
+    return value[index] if isinstance(value, list) else value
+
+
 class GenerateIn(BaseModel):
     """``POST /generate``: one prompt or a batch, SGLang's field names. Unknown top-level
-    fields are ignored (SGLang clients send extras)."""
+    fields are ignored, as SGLang does (its clients send extras); fields SGLang knows and
+    we do not implement are refused unless they hold their default."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -109,11 +192,19 @@ class GenerateIn(BaseModel):
     max_new_tokens: int | None = Field(None, ge=0)
     max_tokens: int | None = Field(None, ge=0)
     stream: bool = False
-    return_logprob: bool = False
-    top_logprobs_num: int = Field(0, ge=0, le=20)
-    logprob_start_len: int = Field(-1, ge=-1)
+    return_logprob: bool | list[bool] | None = None
+    top_logprobs_num: TopLogprobsNum | list[TopLogprobsNum] | None = None
+    logprob_start_len: LogprobStart | list[LogprobStart] | None = None
+    return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
-    cache_salt: str | None = None
+    # both name a namespace of the radix cache: requests share prefixes only within one
+    cache_salt: str | list[str] | None = None
+    extra_key: str | list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, data: Any) -> Any:
+        return drop_unsupported(data, UNSUPPORTED_REQUEST)
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateIn:
@@ -136,6 +227,10 @@ class GenerateIn(BaseModel):
                 raise ValueError("rid may be a list only for a batch, with one id per prompt")
             if len(set(self.rid)) != len(self.rid):
                 raise ValueError("the rids of a batch must be distinct")
+        for name in _PER_PROMPT:
+            value = getattr(self, name)
+            if isinstance(value, list) and (not self.is_batch or len(value) != len(prompts)):
+                raise ValueError(f"{name} may be a list only for a batch, with one value per prompt")
         return self
 
     @property
@@ -153,6 +248,15 @@ class GenerateIn(BaseModel):
         if isinstance(self.sampling_params, list):
             return self.sampling_params[index]
         return self.sampling_params or SamplingParamsIn()
+
+    def returns_logprob(self, index: int) -> bool:
+        return bool(_item(self.return_logprob, index))
+
+    def cache_namespace(self, index: int) -> str | None:
+        """The radix-cache namespace of prompt ``index``: its cache salt, keyed further by its
+        extra key when it has one (SGLang keeps the two apart; so does the separator)."""
+        salt, extra = _item(self.cache_salt, index) or None, _item(self.extra_key, index) or None
+        return salt if extra is None else f"{extra}\x00{salt or ''}"
 
     def returns_list(self) -> bool:
         """SGLang answers a batch, or ``n > 1``, with a list."""
@@ -178,13 +282,18 @@ class GenerateIn(BaseModel):
                         text=prompt if isinstance(prompt, str) else None,
                         input_ids=prompt if isinstance(prompt, list) else None,
                         stream=self.stream,
-                        return_logprob=self.return_logprob,
-                        top_logprobs_num=self.top_logprobs_num,
-                        logprob_start_len=self.logprob_start_len,
-                        cache_salt=self.cache_salt,
+                        return_logprob=self.returns_logprob(i),
+                        top_logprobs_num=_item(self.top_logprobs_num, i) or 0,
+                        logprob_start_len=_or_default(_item(self.logprob_start_len, i), -1),
+                        return_text_in_logprobs=self.return_text_in_logprobs,
+                        cache_salt=self.cache_namespace(i),
                     )
                 )
         return requests
+
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def id_prompts(ids: Sequence[int | list[int]]) -> list[list[int]]:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.errors import read_json
+from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.generation import Generation, collect, merge, run_generation, start_stream
 from radixcluster.router.api.native_schemas import derive_rids
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
@@ -142,10 +142,17 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     def run(requests: list[GenerateRequest]) -> list[AsyncIterator[Generation]]:
         return [run_generation(ctx.client, r, ctx.metrics) for r in requests]
 
+    card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
+
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
         return {"object": "list", "data": [card]}
+
+    @router.get("/v1/models/{name:path}")
+    async def model_card(name: str) -> dict[str, Any]:
+        if name != model:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {model!r}")
+        return card
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:

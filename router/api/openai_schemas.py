@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixcluster.router.api.native_schemas import SamplingParamsIn, TokenId, id_prompts
+from radixcluster.router.api.native_schemas import (
+    UNSUPPORTED_REQUEST,
+    SamplingParamsIn,
+    TokenId,
+    drop_unsupported,
+    id_prompts,
+)
 
 # OpenAI's chat has no default cap; a bounded one keeps a forgotten max_tokens from running
 # to the end of the context.
@@ -66,6 +72,12 @@ class OpenAIRequest(BaseModel):
     rid: str | None = None
     cache_salt: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, data: Any) -> Any:
+        # SGLang's extensions it would act on (lora_path, ...) are refused here too
+        return drop_unsupported(data, UNSUPPORTED_REQUEST)
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -98,6 +110,7 @@ class CompletionIn(OpenAIRequest):
     max_tokens: int = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    best_of: int | None = Field(None, ge=1, le=1)  # one sample per choice: only 1 (bench_serving sends it)
 
     @model_validator(mode="after")
     def _check(self) -> CompletionIn:

@@ -111,11 +111,12 @@ class RouterClient:
             if not done:
                 self.abort(request.rid)
 
-    def abort(self, rid: str) -> None:
-        """Tell the router to drop ``rid``; never blocks, so it is safe while being cancelled."""
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        """Tell the router to drop ``rid`` (every request with ``abort_all``); never blocks, so
+        it is safe while being cancelled."""
         if self._sockets is None:
             return
-        fut = asyncio.ensure_future(self._sockets.push.send(encode(AbortRequest(rid=rid))))
+        fut = asyncio.ensure_future(self._sockets.push.send(encode(AbortRequest(rid=rid, abort_all=abort_all))))
         self._pending_sends.add(fut)
         fut.add_done_callback(self._sent)
 

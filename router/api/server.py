@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
 from radixcluster.router.api.context import API_DRAIN_S, ApiConfig, ApiContext
+from radixcluster.router.api.control_routes import control_routes
 from radixcluster.router.api.errors import error_response, install_error_handlers
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
@@ -60,6 +61,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app = FastAPI(title="radixcluster", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(native_routes(ctx))
+    app.include_router(control_routes(ctx))
     app.include_router(openai_routes(ctx))
     if config.api_key:
         app.add_middleware(BearerAuth, api_key=config.api_key)

@@ -123,6 +123,8 @@ def test_logprobs_line_up_with_output_ids(server):
     assert all(entry[0] <= 0 for entry in meta["output_token_logprobs"])
     assert all(len(tops) == 2 for tops in meta["output_top_logprobs"])
     assert len(meta["input_token_logprobs"]) == meta["prompt_tokens"]
+    tops = meta["input_top_logprobs"]
+    assert len(tops) == meta["prompt_tokens"] and tops[0] is None and all(len(top) == 2 for top in tops[1:])
 
 
 def test_zero_new_tokens_only_prefills(server):

@@ -1,0 +1,62 @@
+"""SGLang's info and control endpoints that its clients call besides /generate: model info
+(the frontend picks its chat template from ``model_path``), tokenize, detokenize, abort."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.control_schemas import AbortIn, DetokenizeIn, TokenizeIn
+from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.router_client import RouterError
+
+
+async def _tokenizer_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A tokenizer control call; what the router refuses (a bad chat, ids outside the
+    vocabulary) is the client's 400."""
+    try:
+        return await ctx.client.control(kind, args)
+    except RouterError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def control_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/model_info")
+    @router.get("/get_model_info")
+    async def model_info() -> dict[str, Any]:
+        info = await ctx.client.control("server_info")
+        return {
+            "model_path": info["model_path"],
+            "tokenizer_path": info["tokenizer_path"],
+            "served_model_name": ctx.config.served_model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+        }
+
+    @router.post("/tokenize")
+    @router.post("/v1/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = TokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        tokens = (await _tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
+        info = await ctx.client.control("server_info")
+        return body.answer(tokens, info["context_length"])
+
+    @router.post("/detokenize")
+    @router.post("/v1/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = DetokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        return body.answer((await _tokenizer_call(ctx, "detokenize", body.router_args()))["texts"])
+
+    @router.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        body = AbortIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        ctx.client.abort(body.rid, abort_all=body.abort_all)
+        return Response(status_code=200)
+
+    return router

@@ -1,0 +1,74 @@
+"""Pydantic models of SGLang's tokenizer and abort endpoints (/tokenize, /detokenize, /abort_request)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from radixcluster.router.api.native_schemas import TokenId
+
+
+class TokenizeIn(BaseModel):
+    """``POST /tokenize``: a prompt (or a list of them) encoded as /generate encodes it, or a
+    chat rendered with the model's template and encoded as the chat endpoint does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    prompt: str | list[str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeIn:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of prompt and messages must be given")
+        return self
+
+    def router_args(self) -> dict[str, Any]:
+        if self.messages is not None:
+            return {"messages": self.messages, "add_generation_prompt": self.add_generation_prompt}
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        return {"prompts": prompts, "add_special_tokens": self.add_special_tokens}
+
+    def answer(self, tokens: list[list[int]], max_model_len: int) -> dict[str, Any]:
+        """SGLang's response: one id list and its count, or a list of each for a list of prompts."""
+        if isinstance(self.prompt, list):
+            return {"tokens": tokens, "count": [len(t) for t in tokens], "max_model_len": max_model_len}
+        return {"tokens": tokens[0], "count": len(tokens[0]), "max_model_len": max_model_len}
+
+
+class DetokenizeIn(BaseModel):
+    """``POST /detokenize``: the text of one id list, or of each of a list of them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[TokenId] | list[list[TokenId]]
+    skip_special_tokens: bool = True
+
+    @property
+    def is_batch(self) -> bool:
+        return any(isinstance(t, list) for t in self.tokens)
+
+    def router_args(self) -> dict[str, Any]:
+        batch = self.tokens if self.is_batch else [self.tokens]
+        return {"tokens": batch, "skip_special_tokens": self.skip_special_tokens}
+
+    def answer(self, texts: list[str]) -> dict[str, Any]:
+        return {"text": texts if self.is_batch else texts[0]}
+
+
+class AbortIn(BaseModel):
+    """``POST /abort_request``: end the request ``rid`` (its ``meta_info.id``), or all of them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str = ""
+    abort_all: bool = False
+
+    @model_validator(mode="after")
+    def _something(self) -> AbortIn:
+        if not self.rid and not self.abort_all:
+            raise ValueError("give the rid of the request to abort, or abort_all: true")
+        return self

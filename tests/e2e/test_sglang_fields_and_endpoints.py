@@ -1,0 +1,156 @@
+"""What SGLang 0.5.x clients send and call besides plain /generate, against a real
+`radixcluster up`: GenerateReqInput and SamplingParams fields (implemented, accepted at
+their defaults, or refused by name), per-prompt logprob options, model and server info,
+tokenize/detokenize, abort and model cards."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import requests
+
+from support.api_helpers import GREEDY, TIMEOUT_S, assert_error, generate, get, post
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # what SGLang's frontend and bench_serving send on every request, at their defaults
+        {"lora_path": None, "return_routed_experts": False, "logprob_start_len": -1, "return_logprob": False},
+        {"image_data": None, "return_hidden_states": False, "custom_logit_processor": None, "session_params": None},
+        {"return_text_in_logprobs": False, "token_ids_logprob": None, "log_metrics": True, "priority": 0},
+        {"no_such_field_anywhere": 1},  # unknown top-level fields are ignored, as SGLang ignores them
+    ],
+)
+def test_fields_at_their_defaults_are_accepted(server, extra):
+    assert generate(server, PROMPT, max_new_tokens=2, **extra)["meta_info"]["completion_tokens"] <= 2
+
+
+def test_the_frontends_sampling_params_are_accepted(server):
+    # SglSamplingParams.to_srt_kwargs() plus the frontend's global detokenization flags
+    params = {
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
+        "max_new_tokens": 2,
+        "min_new_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "stop_token_ids": [],
+        "stop_regex": [],
+        "temperature": 0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": False,
+        "regex": None,
+        "json_schema": None,
+        "stream_interval": 4,
+        "logit_bias": {},
+    }
+    resp = post(server, "/generate", {"text": PROMPT, "sampling_params": params})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"lora_path": "my-adapter"}, "lora_path"),
+        ({"image_data": ["data:image/png;base64,AAAA"]}, "image_data"),
+        ({"custom_logit_processor": "{}"}, "custom_logit_processor"),
+        ({"token_ids_logprob": [1, 2]}, "token_ids_logprob"),
+        ({"return_hidden_states": True}, "return_hidden_states"),
+        ({"sampling_params": {"logit_bias": {"5": 1.0}}}, "logit_bias"),
+        ({"sampling_params": {"structural_tag": "{}"}}, "structural_tag"),
+        ({"sampling_params": {"stop_regex": "(unclosed"}}, "stop_regex"),
+        ({"sampling_params": {"no_such_param": 1}}, "unknown field"),  # SGLang too rejects unknown sampling keys
+    ],
+)
+def test_what_we_do_not_implement_is_refused_by_name(server, body, field):
+    assert_error(post(server, "/generate", {"text": PROMPT, **body}), 400, field)
+
+
+def test_per_prompt_logprob_options_of_a_batch(server):
+    body = {
+        "text": [PROMPT, "Water boils at"],
+        "sampling_params": {**GREEDY, "max_new_tokens": 2},
+        "return_logprob": [True, False],
+        "logprob_start_len": [0, -1],
+        "return_text_in_logprobs": True,
+    }
+    resp = post(server, "/generate", body)
+    assert resp.status_code == 200, resp.text
+    first, second = resp.json()
+    entries = first["meta_info"]["input_token_logprobs"]
+    assert len(entries) == first["meta_info"]["prompt_tokens"]
+    assert "".join(text for _, _, text in entries) == PROMPT
+    assert [text for _, _, text in first["meta_info"]["output_token_logprobs"]] != [None, None]
+    assert "input_token_logprobs" not in second["meta_info"]
+    refused = post(server, "/generate", {"text": PROMPT, "return_logprob": [True, False]})
+    assert_error(refused, 400, "return_logprob")
+
+
+def test_model_and_server_info_under_every_name_sglang_uses(server):
+    info = get(server, "/get_model_info").json()
+    assert get(server, "/model_info").json() == info
+    assert info["model_path"].endswith(".gguf") and info["is_generation"] is True
+    assert info["tokenizer_path"] == info["model_path"]
+    assert get(server, "/server_info").json()["model_path"] == info["model_path"]
+    assert get(server, "/get_server_info").json()["context_length"] > 0
+
+
+def test_model_card_by_id(server):
+    model = get(server, "/v1/models").json()["data"][0]["id"]
+    assert get(server, f"/v1/models/{model}").json()["id"] == model
+    assert_error(get(server, "/v1/models/not-this-one"), 404, "not-this-one")
+
+
+def test_tokenize_and_detokenize(server):
+    one = post(server, "/tokenize", {"prompt": "Hello, world"}).json()
+    assert one["count"] == len(one["tokens"]) > 0 and one["max_model_len"] > 0
+    two = post(server, "/v1/tokenize", {"prompt": ["Hello, world", "你好"]}).json()
+    assert two["tokens"][0] == one["tokens"] and two["count"] == [len(t) for t in two["tokens"]]
+    assert post(server, "/detokenize", {"tokens": one["tokens"]}).json() == {"text": "Hello, world"}
+    assert post(server, "/v1/detokenize", {"tokens": two["tokens"]}).json() == {"text": ["Hello, world", "你好"]}
+    chat = post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}).json()
+    spelled = post(server, "/detokenize", {"tokens": chat["tokens"], "skip_special_tokens": False}).json()["text"]
+    assert spelled.startswith("<|im_start|>") and spelled.endswith("<|im_start|>assistant\n")
+    assert_error(post(server, "/detokenize", {"tokens": [10**6]}), 400, "vocabulary")
+    assert_error(post(server, "/tokenize", {}), 400, "prompt")
+
+
+def test_abort_request_ends_a_running_generation(server):
+    body = {
+        "text": PROMPT,
+        "rid": "abort-me",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    }
+    resp = requests.post(server.url + "/generate", json=body, headers=server.headers(), stream=True, timeout=TIMEOUT_S)
+    lines = (line for line in resp.iter_lines() if line.startswith(b"data: "))
+    next(lines)  # it runs
+    threading.Thread(target=lambda: post(server, "/abort_request", {"rid": "abort-me"})).start()
+    events = [line[6:] for line in lines]
+    assert events[-1] == b"[DONE]"
+    last = json.loads(events[-2])["meta_info"]
+    assert last["finish_reason"]["type"] == "abort" and last["completion_tokens"] < 400
+    assert_error(post(server, "/abort_request", {}), 400, "rid")
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "best_of": 2}, "best_of"),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "lora_path": "adapter"}, "lora_path"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "lora_path": "a"}, "lora_path"),
+    ],
+)
+def test_openai_endpoints_refuse_sglang_extensions_we_do_not_implement(server, path, body, field):
+    assert_error(post(server, path, body), 400, field)
