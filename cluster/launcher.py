@@ -99,7 +99,7 @@ class Launcher:
             file=sys.stderr,
             flush=True,
         )
-        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=os.cpu_count() or 1)
+        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, os.cpu_count() or 1, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
         addresses = RouterAddresses(
@@ -107,6 +107,7 @@ class Launcher:
             output=plan.address("router_out"),
             batch=plan.address("batch"),
             result=plan.address("result"),
+            events=args.kv_events_address,
         )
         parent, child = mp.get_context("spawn").Pipe()
         self.router = router = _start_process(run_router, self._router_config(plan), addresses, child)

@@ -143,6 +143,27 @@ class ControlResponse:
     error: str | None = None
 
 
+# ---------------------------------------------------------------- router -> gateways
+
+
+@message
+@dataclass(slots=True)
+class TreeEvent:
+    """One change of a router's radix tree, published (ZeroMQ PUB) to the gateways that route
+    by it: ``kind`` "insert" (the blocks are cached now) or "evict" (they are gone).
+
+    ``blocks`` are the names of page-aligned token blocks (uint64, ``radixcluster.block_hash``:
+    each covers the cache salt and every token up to the block's end). ``seq`` counts the
+    events of one router process from 1 without gaps; ``instance`` names that process, so a
+    restarted router (whose tree starts empty) is told from a late message of the old one.
+    """
+
+    instance: str
+    seq: int
+    kind: str
+    blocks: np.ndarray
+
+
 # ---------------------------------------------------------------- router <-> worker
 
 

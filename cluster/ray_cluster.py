@@ -33,16 +33,24 @@ def quiet_ray_env() -> None:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
-def start_ray(address: str | None, temp_dir: str, num_cpus: int) -> None:
-    """Join ``address`` or start a private local instance (stopped by ``stop_workers``)."""
+def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | None = None) -> None:
+    """Join ``address`` (as the node ``node_ip`` of this host; Ray's choice when None) or start
+    a private local instance (whose node is ``node_ip`` when given); ``stop_workers`` leaves it."""
     import ray
 
     quiet_ray_env()
     if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.init(
+            address=address,
+            _node_ip_address=node_ip,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.ERROR,
+        )
         return
     # A private temp dir keeps sessions and sockets of two servers on one host apart.
     ray.init(
+        _node_ip_address=node_ip,
         num_cpus=num_cpus,
         num_gpus=_num_gpus(),
         _temp_dir=temp_dir,

@@ -48,10 +48,13 @@ class ServerArgs:
     attention_backend: str = "auto"
     api_key: str | None = None
     ray_address: str | None = None
+    node_ip_address: str | None = None
+    kv_events_address: str | None = None
+    dp_size: int = 1
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
-        positive = ("port", "tp_size", "page_size", "chunked_prefill_size", "max_running_requests")
+        positive = ("port", "tp_size", "dp_size", "page_size", "chunked_prefill_size", "max_running_requests")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -63,6 +66,12 @@ class ServerArgs:
             raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"--attention-backend must be one of {ATTENTION_BACKENDS}")
+        if self.kv_events_address is not None and not self.kv_events_address.startswith("tcp://"):
+            raise ValueError(f"--kv-events-address must be tcp://HOST:PORT, got {self.kv_events_address!r}")
+        if self.kv_events_address is not None and self.dp_size > 1:
+            raise ValueError("--kv-events-address is for one replica; with --dp-size each replica gets its own")
+        if self.node_ip_address is not None and self.ray_address is None:
+            raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +134,24 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ray-address", default=d.ray_address, help="join this Ray cluster instead of starting a local one"
     )
+    parser.add_argument(
+        "--node-ip-address",
+        default=d.node_ip_address,
+        help="with --ray-address: the Ray node of this host to join (when several share the host)",
+    )
+    parser.add_argument(
+        "--kv-events-address",
+        default=d.kv_events_address,
+        help="publish the radix tree's inserts and evictions here for a gateway (tcp://HOST:PORT; port 0: any)",
+    )
+    parser.add_argument(
+        "--dp-size",
+        "--data-parallel-size",
+        "--dp",
+        type=int,
+        default=d.dp_size,
+        help="replicas (each its own router and TP group) behind one cache-aware gateway on --port",
+    )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
     for flag in DEFAULT_NAMING_FLAGS:
         parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")
@@ -145,3 +172,17 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
             logger.warning("%s is accepted but has no effect: %s", flag, why)
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def replica_argv(args: ServerArgs, exclude: tuple[str, ...]) -> list[str]:
+    """The flags of `radixcluster up` that reproduce ``args`` (those that differ from the
+    defaults), leaving out the fields named in ``exclude``."""
+    defaults = ServerArgs()
+    argv: list[str] = []
+    for f in dataclasses.fields(ServerArgs):
+        value = getattr(args, f.name)
+        if f.name in exclude or value == getattr(defaults, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv

@@ -30,10 +30,12 @@ from radixcluster.router.output_streams import OutputStreams
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.text.tokenizer import load_tokenizer
+from radixcluster.router.tree_events import TreeEventLog
 
 logger = logging.getLogger(__name__)
 
 Executor = Callable[[ForwardBatch], StepResult]
+EVENTS_HWM = 100_000
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class RouterAddresses:
     output: str  # the api PULLs RequestOutput/ControlResponse
     batch: str  # rank 0 PULLs ForwardBatch
     result: str  # rank 0 PUSHes StepResult
+    events: str | None = None  # gateways SUBscribe to TreeEvent here (tcp://); None: not published
 
 
 @dataclass(slots=True)
@@ -66,10 +69,12 @@ class RouterConfig:
 
 class Router:
     """Request state without sockets: ``submit`` takes api messages, ``step`` runs one batch
-    through an executor (rank 0 over ZeroMQ, or an in-process runner for offline use)."""
+    through an executor (rank 0 over ZeroMQ, or an in-process runner for offline use).
+    With ``tree_events`` the tree's changes collect there, for the router process to publish."""
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, tree_events: TreeEventLog | None = None) -> None:
         self.config = config
+        self.tree_events = tree_events
         model_config = load_model_config(config.model_path)
         self.tokenizer = load_tokenizer(config.model_path)
         self.scheduler = Scheduler(
@@ -82,7 +87,8 @@ class Router:
                 schedule_policy=config.schedule_policy,
                 enable_radix_cache=config.enable_radix_cache,
                 eviction_policy=config.eviction_policy,
-            )
+            ),
+            on_tree_event=tree_events.on_event if tree_events is not None else None,
         )
         self.intake = RequestIntake(self.tokenizer, model_config.vocab_size, config.context_length)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo)
@@ -148,11 +154,21 @@ class Router:
             except ValueError as exc:
                 return ControlResponse(msg.cid, error=str(exc))
             return ControlResponse(msg.cid, payload)
+        if msg.kind == "cache_blocks":
+            if self.tree_events is None:
+                return ControlResponse(msg.cid, error="tree events are off: start the server with --kv-events-address")
+            return ControlResponse(msg.cid, self.tree_events.snapshot(self.scheduler.tree.root))
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
 
     def _stats(self) -> dict:
-        """The scheduler's counters and gauges, and the tokens streamed, for /metrics."""
-        return {**self.scheduler.stats(), "generation_tokens_total": self.streams.generated_tokens_total}
+        """The scheduler's counters and gauges, the tokens streamed, the last tree event."""
+        events = self.tree_events
+        return {
+            **self.scheduler.stats(),
+            "generation_tokens_total": self.streams.generated_tokens_total,
+            "tree_events_instance": events.instance if events is not None else None,
+            "tree_events_seq": events.seq if events is not None else None,
+        }
 
     def _tokenize(self, args: dict) -> dict:
         """``{"tokens": [ids of each prompt]}``: ``prompts`` encoded as /generate would, or
@@ -191,6 +207,7 @@ class Router:
             "device": c.device,
             "dtype": c.dtype,
             "vocab_size": self.intake.vocab_size,
+            "kv_events_address": self.tree_events.address if self.tree_events is not None else None,
         }
 
 
@@ -203,6 +220,10 @@ class RouterSockets:
         self.outputs = self._bind(zmq.PUSH, addresses.output)
         self.batches = self._bind(zmq.PUSH, addresses.batch)
         self.results = self._bind(zmq.PULL, addresses.result)
+        self.events = self._bind(zmq.PUB, addresses.events) if addresses.events else None
+        if self.events is not None:
+            # a subscriber that falls this far behind loses messages, sees the gap and resyncs
+            self.events.setsockopt(zmq.SNDHWM, EVENTS_HWM)
         self.poller = zmq.Poller()
         self.poller.register(self.requests, zmq.POLLIN)
 
@@ -217,6 +238,19 @@ class RouterSockets:
         if result.step_id != batch.step_id:
             raise RuntimeError(f"rank 0 answered step {result.step_id}, expected {batch.step_id}")
         return result
+
+    def events_address(self) -> str | None:
+        """Where the tree events are published (the port chosen when the address asked for 0)."""
+        if self.events is None:
+            return None
+        return self.events.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def publish(self, tree_events: TreeEventLog | None) -> None:
+        """Send the tree events collected since the last call (they never block the loop)."""
+        if self.events is None or tree_events is None:
+            return
+        for event in tree_events.drain():
+            self.events.send(encode(event), zmq.NOBLOCK)
 
     def send(self, outputs: list) -> None:
         for out in outputs:
@@ -233,8 +267,10 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, ready: Connecti
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
-    router = Router(config)
+    router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)
     sockets = RouterSockets(addresses)
+    if router.tree_events is not None:
+        router.tree_events.address = sockets.events_address()
     ready.send("ready")
     try:
         while not stopping.is_set():
@@ -245,8 +281,12 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, ready: Connecti
                         frame = sockets.requests.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    sockets.send(router.submit(_decode_or_none(frame)))
-            sockets.send(router.step(sockets.execute))
+                    answers = router.submit(_decode_or_none(frame))
+                    sockets.publish(router.tree_events)  # a flush's evictions precede its answer
+                    sockets.send(answers)
+            outputs = router.step(sockets.execute)
+            sockets.publish(router.tree_events)  # a prefix is announced before its request's output
+            sockets.send(outputs)
         sockets.send(router.abort_all("the server is shutting down"))
     finally:
         sockets.close()

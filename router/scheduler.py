@@ -298,7 +298,10 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges for /metrics (counters are monotonic, never reset by a flush)."""
-        return self.counters.snapshot(self.cache, len(self.running) + len(self.prefilling), len(self.waiting))
+        admitted = self.running + self.prefilling
+        # prompt work still ahead: what admitted requests have not computed, all that waits
+        tokens = (sum(r.fill_len - r.num_computed for r in self.prefilling), sum(r.fill_len for r in self.waiting))
+        return self.counters.snapshot(self.cache, len(admitted), len(self.waiting), *tokens)
 
     def cache_info(self) -> dict[str, Any]:
         """The radix-cache part of ``stats()``, for /cache_info."""

@@ -44,7 +44,11 @@ class SchedulerStats:
         self.prompt_tokens_total += prompt_tokens
         self.cached_tokens_total += cached_tokens
 
-    def snapshot(self, cache: CacheManager, running: int, waiting: int) -> dict[str, Any]:
+    def snapshot(
+        self, cache: CacheManager, running: int, waiting: int, prefilling_tokens: int, waiting_tokens: int
+    ) -> dict[str, Any]:
+        """``prefilling_tokens``: tokens admitted requests have still to compute;
+        ``waiting_tokens``: the tokens of the waiting requests (the cache may hold some)."""
         tree, alloc = cache.tree, cache.allocator
         return {
             "total_requests": self.total_requests,
@@ -67,6 +71,8 @@ class SchedulerStats:
             "token_usage": 1.0 - alloc.num_free / alloc.num_pages,
             "running_requests": running,
             "waiting_requests": waiting,
+            "prefilling_tokens": prefilling_tokens,
+            "waiting_tokens": waiting_tokens,
         }
 
 

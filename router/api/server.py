@@ -3,7 +3,6 @@ uvicorn entry point, which serves until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -11,12 +10,13 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
+from radixcluster.router.api.auth import BearerAuth
+from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import API_DRAIN_S, ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
-from radixcluster.router.api.errors import error_response, install_error_handlers
+from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
 from radixcluster.router.api.router_client import RouterClient
@@ -24,26 +24,6 @@ from radixcluster.router.api.router_client import RouterClient
 __all__ = ["ApiConfig", "create_app", "run_api_server"]
 
 logger = logging.getLogger(__name__)
-
-# Load balancers probe this without credentials.
-_PUBLIC_PATHS = frozenset({"/health"})
-
-
-class BearerAuth:
-    """Refuse every request without ``Authorization: Bearer <key>``, except public paths."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self._app = app
-        self._expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                message = "missing API key" if not given else "invalid API key"
-                await error_response(401, f"{message}: send 'Authorization: Bearer <key>'")(scope, receive, send)
-                return
-        await self._app(scope, receive, send)
 
 
 def create_app(config: ApiConfig) -> FastAPI:
@@ -63,6 +43,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(native_routes(ctx))
     app.include_router(control_routes(ctx))
     app.include_router(openai_routes(ctx))
+    app.include_router(cluster_routes(ctx))
     if config.api_key:
         app.add_middleware(BearerAuth, api_key=config.api_key)
     return app

@@ -77,6 +77,7 @@ SAMPLES = [
     ),
     p.StepResult(step_id=4, next_token_ids=np.zeros(0, np.int32), error="worker died"),
     p.Shutdown(),
+    p.TreeEvent(instance="9f2c", seq=7, kind="evict", blocks=np.array([2**64 - 1, 0, 12345], np.uint64)),
 ]
 
 

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.model_path import served_model_name
 from radixcluster.protocol import AbortRequest, ControlRequest, GenerateRequest, RequestOutput, SamplingParams
 from radixcluster.router.router_process import Router, RouterConfig
+from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
 PAGES = 4096
@@ -26,9 +28,8 @@ def runner(model_path) -> ModelRunner:
     )
 
 
-@pytest.fixture()
-def router(model_path) -> Router:
-    config = RouterConfig(
+def router_config(model_path, **overrides) -> RouterConfig:
+    fields = dict(
         model_path=model_path,
         served_model_name=served_model_name(model_path),
         num_pages=PAGES,
@@ -43,7 +44,12 @@ def router(model_path) -> Router:
         device="cpu",
         dtype="float32",
     )
-    return Router(config)
+    return RouterConfig(**{**fields, **overrides})
+
+
+@pytest.fixture()
+def router(model_path) -> Router:
+    return Router(router_config(model_path))
 
 
 def request(text: str | None = None, **kw) -> GenerateRequest:
@@ -233,3 +239,41 @@ def test_tokenize_and_detokenize_round_trip(router):
     assert router.tokenizer.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     assert "49152" in control("detokenize", tokens=[[1, 49152]]).error
     assert "role" in control("tokenize", messages=[{"role": "robot", "content": "x"}]).error
+
+
+def test_tree_events_let_a_gateway_predict_the_cached_tokens(model_path, runner):
+    """The events a router publishes, replayed, equal its snapshot, and matching a new prompt's
+    block names against them predicts exactly the cached tokens the router then reports."""
+    config = router_config(model_path, num_pages=256, page_size=4)
+    router = Router(config, TreeEventLog(4))
+    events = router.tree_events
+    view: set[int] = set()
+
+    def replay() -> None:
+        for event in events.drain():
+            names = set(event.blocks.tolist())
+            if event.kind == "insert":
+                view.update(names)
+            else:
+                view.difference_update(names)
+
+    header = "You are a careful assistant. Answer briefly and precisely. " * 4
+    run(router, runner, request(header + "What is 2+2?", sampling={"max_new_tokens": 3}))
+    replay()
+    snapshot = router.submit(ControlRequest(cid="b", kind="cache_blocks"))[0].payload
+    assert set(snapshot["blocks"].tolist()) == view and snapshot["seq"] == events.seq > 0
+    second = request(header + "What is 3+3?", sampling={"max_new_tokens": 3})
+    ids = router.tokenizer.encode(second.text)
+    names = prefix_block_hashes(np.asarray(ids), 4, None)[: (len(ids) - 1) // 4]
+    predicted = 4 * next((i for i, n in enumerate(names.tolist()) if n not in view), len(names))
+    assert predicted > 0
+    assert run(router, runner, second)[second.rid][-1].cached_tokens == predicted
+    stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+    assert (stats["tree_events_instance"], stats["prefilling_tokens"], stats["waiting_tokens"]) == (
+        events.instance,
+        0,
+        0,
+    )
+    assert router.submit(ControlRequest(cid="f", kind="flush_cache"))[0].payload["success"]
+    replay()
+    assert view == set()

@@ -1,0 +1,46 @@
+"""What a gateway in front of several replicas asks this one: its load, polled for routing and
+health, and a snapshot of the block names its radix tree holds, to resync from when it
+missed some of the tree events the router publishes."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.errors import error_response
+from radixcluster.router.api.router_client import RouterError
+
+LOAD_KEYS = (
+    "running_requests",
+    "waiting_requests",
+    "prefilling_tokens",
+    "waiting_tokens",
+    "tree_events_instance",
+    "tree_events_seq",
+)
+
+
+def cluster_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/load")
+    async def load() -> dict[str, Any]:
+        """Requests and prompt tokens still to compute, and the last tree event published (its
+        number is None when the router publishes none)."""
+        stats = await ctx.client.control("stats")
+        return {key: stats.get(key) for key in LOAD_KEYS}
+
+    @router.get("/cache_blocks", response_model=None)
+    async def cache_blocks() -> dict[str, Any] | Response:
+        """``blocks``: the uint64 block names, little-endian, base64 (8 bytes each)."""
+        try:
+            snapshot = await ctx.client.control("cache_blocks")
+        except RouterError as exc:
+            return error_response(404, str(exc))
+        names = snapshot["blocks"].astype("<u8").tobytes()
+        return {**snapshot, "blocks": base64.b64encode(names).decode()}
+
+    return router
