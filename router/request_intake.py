@@ -9,6 +9,7 @@ from radixcluster.protocol import GenerateRequest
 from radixcluster.router.grammar import GrammarCache, GrammarError
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
+from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
 
@@ -30,16 +31,12 @@ class RequestIntake:
         prompt + answer) keeps that text's ids and encodes only the rest."""
         if msg.input_ids is not None:
             return None, np.asarray(msg.input_ids, dtype=np.int64)
-        if msg.messages is not None:
-            try:
-                text = self.tokenizer.apply_chat_template(msg.messages, add_generation_prompt=True)
-            except ValueError as exc:
-                raise RequestRejected(f"invalid chat messages: {exc}") from exc
-            add_special = False  # the rendered template carries its own special tokens
-        elif msg.text is not None:
-            text, add_special = msg.text, True
-        else:
+        if msg.messages is None and msg.text is None:
             raise RequestRejected("one of text, input_ids or messages is required")
+        try:
+            text, add_special = prompt_text(self.tokenizer, msg.text, msg.messages)
+        except ValueError as exc:
+            raise RequestRejected(f"invalid chat messages: {exc}") from exc
         known = self.memo.longest_prefix(text)
         if known is None:
             return text, np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)

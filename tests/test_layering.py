@@ -11,7 +11,12 @@ from pathlib import Path
 from support.package_tree import REPO, modules, package_dirs
 
 # The vocabulary every process shares: the wire protocol and what a model is.
-VOCABULARY = ("radixcluster.protocol", "radixcluster.model_config", "radixcluster.model_path")
+VOCABULARY = (
+    "radixcluster.protocol",
+    "radixcluster.model_config",
+    "radixcluster.model_path",
+    "radixcluster.block_hash",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +52,18 @@ RULES = (
     ),
     Rule("radixcluster.lang", ("radixcluster.lang",), "the frontend language is a client of the HTTP API", torch=False),
     Rule(
+        "radixcluster.gateway",
+        ("radixcluster.gateway", "radixcluster.router.text", "radixcluster.router.api", "radixcluster", *VOCABULARY),
+        "the gateway speaks HTTP to replicas and reads their events: their tokenizer and API, never the router's internals",
+        torch=False,
+    ),
+    Rule(
         "radixcluster.bench", ("radixcluster.bench", "radixcluster.router.text", *VOCABULARY), "the bench is a client"
     ),
     Rule("radixcluster.protocol", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
     Rule("radixcluster.model_config", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
     Rule("radixcluster.model_path", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
+    Rule("radixcluster.block_hash", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
 )
 
 

@@ -68,6 +68,11 @@ def parse_json(body: bytes) -> object:
 
 async def read_json(request: Request, max_bytes: int) -> object:
     """The request body as JSON, refused with 413 once it passes ``max_bytes``."""
+    return parse_json(await read_body(request, max_bytes))
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body (not empty), refused with 413 once it passes ``max_bytes``."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
@@ -80,7 +85,7 @@ async def read_json(request: Request, max_bytes: int) -> object:
         chunks.append(chunk)
     if size == 0:
         raise ApiError(400, "the request body is empty; send a JSON object")
-    return parse_json(b"".join(chunks))
+    return b"".join(chunks)
 
 
 def install_error_handlers(app: FastAPI) -> None:

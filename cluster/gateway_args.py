@@ -1,0 +1,79 @@
+"""The flags of `radixcluster gateway`: where it listens, the replicas it fronts, how it routes."""
+
+from __future__ import annotations
+
+import argparse
+
+from radixcluster.gateway.config import POLICIES, GatewayConfig, HealthTunables, RoutingTunables
+from radixcluster.model_path import resolve_model_path
+from radixcluster.server_args import LOG_LEVELS
+
+
+def add_gateway_args(parser: argparse.ArgumentParser) -> None:
+    routing, health = RoutingTunables(), HealthTunables()
+    parser.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a replica's base URL (`radixcluster up --kv-events-address ...`); repeat for each",
+    )
+    parser.add_argument(
+        "--discover",
+        default=None,
+        metavar="HOST:PORT",
+        help="the replicas are the addresses HOST resolves to (e.g. a Kubernetes headless Service), port PORT",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
+    parser.add_argument("--replica-api-key", default=None, help="the key the replicas want (default: --api-key)")
+    parser.add_argument(
+        "--model-path", "--model", default=None, help="the replicas' model, for its tokenizer (default: embedded)"
+    )
+    parser.add_argument("--policy", choices=POLICIES, default=routing.policy, help="round-robin: a baseline")
+    parser.add_argument(
+        "--load-weight",
+        type=float,
+        default=routing.load_weight,
+        help="what one prompt token a replica still has to compute costs, in cached prompt tokens",
+    )
+    parser.add_argument(
+        "--min-overlap",
+        type=float,
+        default=routing.min_overlap,
+        help="below this share of the prompt cached on any replica, go to the least loaded one",
+    )
+    parser.add_argument("--health-interval", type=float, default=health.interval_s, help="seconds between polls")
+    parser.add_argument(
+        "--breaker-failures",
+        type=int,
+        default=health.breaker_failures,
+        help="failed requests in a row that take a replica out",
+    )
+    parser.add_argument(
+        "--breaker-cooldown", type=float, default=health.breaker_cooldown_s, help="seconds a replica stays out"
+    )
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+
+
+def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
+    if not ns.replica and not ns.discover:
+        raise ValueError("give the replicas: --replica URL (repeated) or --discover HOST:PORT")
+    for url in ns.replica:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--replica must be an http:// or https:// URL, got {url!r}")
+    if ns.discover and not ns.discover.rpartition(":")[2].isdigit():
+        raise ValueError(f"--discover must be HOST:PORT, got {ns.discover!r}")
+    return GatewayConfig(
+        host=ns.host,
+        port=ns.port,
+        model_path=resolve_model_path(ns.model_path),
+        replicas=list(ns.replica),
+        discover=ns.discover,
+        api_key=ns.api_key,
+        replica_api_key=ns.replica_api_key or ns.api_key,
+        routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
+        health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
+        log_level=ns.log_level,
+    )

@@ -1,0 +1,64 @@
+"""How the gateway runs and routes: where it listens, which replicas it fronts, and the
+tunables of its choice between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+POLICIES = ("cache-aware", "round-robin")
+
+
+@dataclass(slots=True, frozen=True)
+class RoutingTunables:
+    """``cache-aware``: pick the replica where the prompt's cached tokens minus ``load_weight``
+    x its load (prompt tokens it still has to compute, for requests queued or running) is
+    highest; when no replica holds at least ``min_overlap`` of the prompt, the least loaded
+    one. ``round-robin``: each in turn (a baseline)."""
+
+    policy: str = "cache-aware"
+    load_weight: float = 0.5
+    min_overlap: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.load_weight < 0:
+            raise ValueError(f"--load-weight must be >= 0, got {self.load_weight}")
+        if not 0 <= self.min_overlap <= 1:
+            raise ValueError(f"--min-overlap must be in [0, 1], got {self.min_overlap}")
+
+
+@dataclass(slots=True, frozen=True)
+class HealthTunables:
+    """A replica is polled every ``interval_s``; ``breaker_failures`` failures in a row (polls
+    or forwarded requests) open its circuit: no traffic for ``breaker_cooldown_s``, then a poll
+    decides."""
+
+    interval_s: float = 1.0
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.breaker_cooldown_s < 0 or self.breaker_failures < 1:
+            raise ValueError("--health-interval must be > 0, --breaker-failures >= 1, --breaker-cooldown >= 0")
+
+
+@dataclass(slots=True)
+class GatewayConfig:
+    """``replicas``: base URLs; ``discover``: a HOST:PORT whose addresses (a Kubernetes headless
+    Service) are the replicas, resolved again every ``discover_interval_s``. ``api_key``: what
+    clients must send; ``replica_api_key``: what the gateway sends to the replicas."""
+
+    host: str
+    port: int
+    model_path: Path
+    replicas: list[str] = field(default_factory=list)
+    discover: str | None = None
+    discover_interval_s: float = 5.0
+    api_key: str | None = None
+    replica_api_key: str | None = None
+    routing: RoutingTunables = field(default_factory=RoutingTunables)
+    health: HealthTunables = field(default_factory=HealthTunables)
+    max_body_bytes: int = 16 * 2**20
+    log_level: str = "warning"

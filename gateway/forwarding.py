@@ -1,0 +1,226 @@
+"""Forwarding a request to the chosen replica and its answer back, streamed through as it comes.
+
+A request that fails before its first byte (the replica cannot be reached, dies before
+answering, or answers 502/503/504) goes to another replica; one that fails later ends with an
+error frame. Every answer says where it ran and what was predicted: ``meta_info.replica`` and
+``meta_info.predicted_cached_tokens`` (native), the same keys in OpenAI's ``usage``; the
+replica's own count of cached tokens is checked against the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.predictions import PredictionLedger, Report
+from radixcluster.gateway.prompts import NATIVE, RoutedRequest
+from radixcluster.gateway.replica import Replica
+from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
+from radixcluster.router.api.errors import ApiError, error_body
+from radixcluster.router.api.generation import SSE_DONE, SSEResponse, sse, until_disconnect
+
+logger = logging.getLogger(__name__)
+
+# a replica that answers these has not run the request: another one may
+RETRY_STATUSES = frozenset({502, 503, 504})
+CONNECT_TIMEOUT_S = 5.0
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _NotServed(Exception):
+    """The replica did not serve the request (before any byte of an answer)."""
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A request on its way to a replica: its prompts count as pending there, its tokens as
+    load, until ``end``."""
+
+    placement: Placement
+    tokens: int
+    ended: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        replica = self.placement.replica
+        for names in self.placement.names:
+            replica.view.add_pending(names.tolist())
+        replica.load.inflight_tokens += self.tokens
+        replica.load.inflight_requests += 1
+        replica.requests_total += 1
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        replica = self.placement.replica
+        for names in self.placement.names:
+            replica.view.remove_pending(names.tolist())
+        replica.load.inflight_tokens -= self.tokens
+        replica.load.inflight_requests -= 1
+
+
+class _RelayResponse(SSEResponse):
+    """A relayed stream whose dispatch and upstream response end however it ends (also when
+    the client left before the first frame, so the body generator never started)."""
+
+    def __init__(self, body: AsyncGenerator[bytes, None], dispatch: Dispatch, upstream: httpx.Response) -> None:
+        super().__init__(body, headers=SSE_HEADERS)
+        self._dispatch, self._upstream = dispatch, upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._dispatch.end()
+            await self._upstream.aclose()
+
+
+class Forwarder:
+    def __init__(
+        self,
+        replicas: ReplicaSet,
+        chooser: ReplicaChooser,
+        metrics: GatewayMetrics,
+        http: httpx.AsyncClient,
+    ) -> None:
+        self.replicas = replicas
+        self.chooser = chooser
+        self.metrics = metrics
+        self.ledger = PredictionLedger(metrics)
+        self.http = http
+
+    async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes) -> Response:
+        """Serve ``routed`` (whose body was ``raw``) on a replica; the client leaving a
+        non-streamed request cancels it there."""
+        session = request.headers.get("x-session-id")
+        if routed.stream:
+            return await self._forward(path, routed, raw, session)
+        return await until_disconnect(request, self._forward(path, routed, raw, session))
+
+    async def _forward(self, path: str, routed: RoutedRequest, raw: bytes, session: str | None) -> Response:
+        forced_usage = routed.stream and routed.kind != NATIVE and not routed.include_usage
+        if forced_usage:  # the usage chunk carries the replica's cached tokens; it is dropped again below
+            raw = json.dumps({**routed.body, "stream_options": {"include_usage": True}}).encode()
+        tried: set[Replica] = set()
+        while True:
+            try:
+                placement = self.chooser.choose(routed, self.replicas.list(), session, tried)
+            except NoReplicaAvailable as exc:
+                last = next((r.last_error for r in tried if r.last_error), None)
+                raise ApiError(503, str(exc) + (f"; last error: {last}" if last else "")) from None
+            replica = placement.replica
+            self.metrics.requests.labels(replica.url).inc()
+            dispatch = Dispatch(placement, routed.tokens - placement.predicted_total)
+            try:
+                upstream, content = await self._send(replica, path, raw, routed.stream)
+            except _NotServed as exc:
+                dispatch.end()
+                replica.request_failed(str(exc))
+                self.metrics.retries.labels(replica.url).inc()
+                tried.add(replica)
+                logger.warning("%s not served by %s (%s); trying another replica", path, replica.url, exc)
+                continue
+            except BaseException:
+                dispatch.end()  # cancelled: the client left
+                raise
+            replica.request_passed()
+            if content is None:
+                return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, upstream)
+            dispatch.end()
+            if upstream.status_code != 200:
+                return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"))
+            return JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
+
+    async def _send(self, replica: Replica, path: str, raw: bytes, stream: bool) -> tuple[httpx.Response, bytes | None]:
+        """The replica's response and, unless it is a stream to relay, its whole body."""
+        request = self.http.build_request(
+            "POST",
+            replica.url + path,
+            content=raw,
+            headers={**self.replicas.headers, "Content-Type": "application/json"},
+        )
+        try:
+            upstream = await self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise _NotServed(f"{type(exc).__name__}: {exc}") from None
+        relay = stream and upstream.status_code == 200
+        try:
+            if upstream.status_code in RETRY_STATUSES:
+                raise _NotServed(f"HTTP {upstream.status_code}")
+            return upstream, None if relay else await upstream.aread()
+        except httpx.TransportError as exc:
+            raise _NotServed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if not relay:
+                await upstream.aclose()
+
+    # ------------------------------------------------------------ answers
+
+    def _annotate_answer(self, answer: Any, placement: Placement, routed: RoutedRequest) -> Any:
+        if routed.kind == NATIVE:
+            for index, item in enumerate(answer if isinstance(answer, list) else [answer]):
+                self._native_meta(item["meta_info"], index, placement, routed, final=True)
+        else:
+            self._usage(answer["usage"], placement, routed)
+        return answer
+
+    def _native_meta(
+        self, meta: dict[str, Any], index: int, placement: Placement, routed: RoutedRequest, final: bool
+    ) -> None:
+        meta["replica"] = placement.replica.url
+        meta["predicted_cached_tokens"] = placement.predicted[index]
+        if final:
+            report = Report([index], meta["cached_tokens"], meta["prompt_tokens"])
+            self.ledger.record(placement, report, len(routed.prompts[index].ids))
+
+    def _usage(self, usage: dict[str, Any], placement: Placement, routed: RoutedRequest) -> None:
+        firsts = list(range(0, len(routed.prompts), routed.usage_stride))
+        usage["replica"] = placement.replica.url
+        usage["predicted_cached_tokens"] = sum(placement.predicted[i] for i in firsts)
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        report = Report(firsts, cached, usage["prompt_tokens"])
+        self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
+
+    async def _relay(
+        self, upstream: httpx.Response, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """The replica's SSE frames, annotated, as they arrive."""
+        placement = dispatch.placement
+        try:
+            async for line in upstream.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    yield SSE_DONE
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    yield sse(chunk)
+                elif routed.kind == NATIVE:
+                    meta = chunk["meta_info"]
+                    final = meta.get("finish_reason") is not None
+                    self._native_meta(meta, chunk.get("index", 0), placement, routed, final)
+                    yield sse(chunk)
+                elif chunk.get("usage"):
+                    self._usage(chunk["usage"], placement, routed)
+                    if not forced_usage:
+                        yield sse(chunk)
+                else:
+                    yield sse(chunk)
+        except httpx.HTTPError as exc:
+            logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
+            yield sse(error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}"))
+            yield SSE_DONE
+        finally:
+            dispatch.end()

@@ -1,0 +1,180 @@
+"""The gateway's HTTP routes: a replica's API (generation forwarded to one replica; health,
+information, cache and metrics over all of them) and the replica list (``/replicas``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway.forwarding import Forwarder
+from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PromptReader
+from radixcluster.gateway.replica import Replica
+from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
+from radixcluster.router.api.metrics import CONTENT_TYPE
+
+# /cache_info keys that add up over replicas; the rates are recomputed from the sums
+_SUMMED = (
+    "total_requests",
+    "cache_hits",
+    "prompt_tokens_total",
+    "cached_tokens_total",
+    "evicted_tokens_total",
+    "tree_nodes",
+    "cached_tokens",
+    "evictable_tokens",
+    "protected_tokens",
+)
+HEALTH_GENERATE_TIMEOUT_S = 30.0
+
+
+@dataclass(slots=True)
+class GatewayContext:
+    config: GatewayConfig
+    replicas: ReplicaSet
+    reader: PromptReader
+    forwarder: Forwarder
+    metrics: GatewayMetrics
+
+
+class ReplicaIn(BaseModel):
+    url: str
+
+
+def _available(ctx: GatewayContext) -> list[Replica]:
+    found = sorted((r for r in ctx.replicas.list() if r.available), key=lambda r: r.load.tokens)
+    if not found:
+        raise ApiError(503, "no replica is available")
+    return found
+
+
+async def _each(ctx: GatewayContext, path: str, post: bool = False) -> dict[str, httpx.Response | BaseException]:
+    """Ask every available replica, concurrently."""
+    http, headers = ctx.replicas.http, ctx.replicas.headers
+
+    async def one(replica: Replica) -> httpx.Response:
+        if post:
+            return await http.post(replica.url + path, headers=headers)
+        return await http.get(replica.url + path, headers=headers)
+
+    replicas = _available(ctx)
+    answers = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+    return dict(zip((r.url for r in replicas), answers))
+
+
+def _summed(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {key: sum(info.get(key, 0) for info in infos.values()) for key in _SUMMED}
+    requests, hits = total["total_requests"], total["cache_hits"]
+    total["hit_rate"] = hits / requests if requests else 0.0
+    total["token_hit_rate"] = (
+        total["cached_tokens_total"] / total["prompt_tokens_total"] if total["prompt_tokens_total"] else 0.0
+    )
+    total["shared_prefix_length_avg"] = total["cached_tokens_total"] / hits if hits else 0.0
+    return total
+
+
+def gateway_routes(ctx: GatewayContext) -> APIRouter:
+    router = APIRouter()
+
+    async def forward(request: Request, path: str, kind: str) -> Response:
+        start = time.perf_counter()
+        raw = await read_body(request, ctx.config.max_body_bytes)
+        routed = ctx.reader.read(kind, parse_json(raw))
+        ctx.metrics.routing_seconds.observe(time.perf_counter() - start)
+        return await ctx.forwarder.forward(request, path, routed, raw)
+
+    @router.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await forward(request, "/generate", NATIVE)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await forward(request, "/v1/completions", COMPLETIONS)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await forward(request, "/v1/chat/completions", CHAT)
+
+    @router.get("/health")
+    async def health() -> Response:
+        if not any(r.available for r in ctx.replicas.list()):
+            return error_response(503, "unhealthy: no replica is available")
+        return Response(status_code=200)
+
+    @router.get("/health_generate")
+    async def health_generate() -> Response:
+        replica = _available(ctx)[0]
+        try:
+            answer = await ctx.replicas.http.get(
+                replica.url + "/health_generate", headers=ctx.replicas.headers, timeout=HEALTH_GENERATE_TIMEOUT_S
+            )
+        except httpx.HTTPError as exc:
+            return error_response(503, f"unhealthy: {replica.url}: {exc}")
+        return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+
+    @router.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        replica = _available(ctx)[0]
+        info = await ctx.replicas.get_json(replica, "/get_server_info")
+        routing = ctx.config.routing
+        gateway = {"replicas": [r.url for r in ctx.replicas.list()], "policy": routing.policy}
+        return {**info, "gateway": gateway}
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return await ctx.replicas.get_json(_available(ctx)[0], "/v1/models")
+
+    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        answers = await _each(ctx, "/flush_cache", post=True)
+        failed = {
+            url: (a.text if isinstance(a, httpx.Response) else f"{type(a).__name__}: {a}")
+            for url, a in answers.items()
+            if not isinstance(a, httpx.Response) or a.status_code != 200
+        }
+        if failed:
+            detail = "; ".join(f"{url}: {why}" for url, why in failed.items())
+            return error_response(
+                400, f"the cache was not flushed on {len(failed)} of {len(answers)} replicas: {detail}"
+            )
+        return JSONResponse({"success": True, "message": f"Cache flushed on {len(answers)} replicas."})
+
+    @router.get("/cache_info")
+    async def cache_info() -> dict[str, Any]:
+        """The replicas' counters summed, each replica's own, and the gateway's predictions."""
+        answers = await _each(ctx, "/cache_info")
+        infos = {url: a.json() for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
+        return {**_summed(infos), "replicas": infos, "gateway": ctx.forwarder.ledger.summary()}
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        answers = await _each(ctx, "/metrics") if any(r.available for r in ctx.replicas.list()) else {}
+        texts = {url: a.text for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
+        return Response(ctx.metrics.render(ctx.replicas.list(), texts), media_type=CONTENT_TYPE)
+
+    @router.get("/replicas")
+    async def list_replicas() -> dict[str, Any]:
+        return {"replicas": [r.describe() for r in ctx.replicas.list()]}
+
+    @router.post("/replicas")
+    async def add_replica(body: ReplicaIn) -> dict[str, Any]:
+        if not body.url.startswith(("http://", "https://")):
+            raise ApiError(400, f"a replica is an http:// or https:// URL, got {body.url!r}")
+        return ctx.replicas.add(body.url).describe()
+
+    @router.delete("/replicas")
+    async def remove_replica(body: ReplicaIn) -> dict[str, Any]:
+        if not await ctx.replicas.remove(body.url):
+            raise ApiError(404, f"no replica {body.url!r}")
+        return {"removed": body.url.rstrip("/")}
+
+    return router

@@ -1,0 +1,81 @@
+"""The gateway process: its FastAPI app (the routes, auth, JSON errors) and the uvicorn entry
+point, which serves until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from radixcluster import __version__
+from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway.forwarding import CONNECT_TIMEOUT_S, Forwarder
+from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.prompts import PromptReader
+from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.gateway.routes import GatewayContext, gateway_routes
+from radixcluster.gateway.routing import ReplicaChooser
+from radixcluster.router.api.auth import BearerAuth
+from radixcluster.router.api.context import API_DRAIN_S
+from radixcluster.router.api.errors import install_error_handlers
+from radixcluster.router.text.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    """The gateway app; it starts watching the replicas when the app starts (lifespan)."""
+    # generations run as long as they run: only connecting is bounded
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), limits=httpx.Limits(max_connections=None)
+    )
+    replicas = ReplicaSet(config, http)
+    metrics = GatewayMetrics()
+    ctx = GatewayContext(
+        config=config,
+        replicas=replicas,
+        reader=PromptReader(load_tokenizer(config.model_path)),
+        forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, http),
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await replicas.start()
+        try:
+            yield
+        finally:
+            await replicas.close()
+            await http.aclose()
+
+    app = FastAPI(title="radixcluster gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.include_router(gateway_routes(ctx))
+    if config.api_key:
+        app.add_middleware(BearerAuth, api_key=config.api_key)
+    return app
+
+
+def run_gateway(config: GatewayConfig) -> None:
+    """Serve the gateway on ``config.host:config.port`` until SIGTERM or SIGINT (requests in
+    flight get ``API_DRAIN_S``). Main thread only."""
+    logging.basicConfig(level=getattr(logging, config.log_level.upper()))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=API_DRAIN_S,
+        )
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # uvicorn's handlers decide; this one only makes its re-raise a return
+    logger.info("gateway serving on http://%s:%d", config.host, config.port)
+    server.run()

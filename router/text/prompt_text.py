@@ -1,0 +1,26 @@
+"""A prompt's text as the model sees it, from a plain text or a chat: the one rule the router
+(which tokenizes what it serves) and the gateway (which tokenizes to predict the router's
+cache hits) must share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixcluster.router.text.tokenizer import Tokenizer
+
+
+def prompt_text(tokenizer: Tokenizer, text: str | None, messages: list[dict[str, Any]] | None) -> tuple[str, bool]:
+    """The text to encode and whether the model's BOS is added: a chat is rendered with the
+    model's template, which writes its own special tokens. ValueError on malformed messages."""
+    if messages is not None:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True), False
+    if text is None:
+        raise ValueError("one of text or messages is required")
+    return text, True
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str | None, messages: list[dict[str, Any]] | None) -> list[int]:
+    """A prompt's token ids as a fresh encode gives them (the router reuses an earlier prompt +
+    answer's ids where its text starts with one: see PromptMemo)."""
+    rendered, add_special = prompt_text(tokenizer, text, messages)
+    return tokenizer.encode(rendered, add_special_tokens=add_special)

@@ -1,0 +1,65 @@
+"""PromptReader: the gateway's token ids are the router's (text, chat template, batches, n),
+its limits are the router's, and a bad body is refused as the replica would refuse it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PromptReader
+from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.router.api.errors import ApiError
+from radixcluster.router.request_intake import RequestIntake
+from radixcluster.router.text.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path):
+    return load_tokenizer(model_path)
+
+
+@pytest.fixture(scope="module")
+def reader(tokenizer) -> PromptReader:
+    return PromptReader(tokenizer)
+
+
+def router_ids(tokenizer, **fields) -> list[int]:
+    """The ids the router serves for a fresh prompt (no earlier answer in its memo)."""
+    intake = RequestIntake(tokenizer, tokenizer.vocab_size, 8192)
+    return intake.prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields))[1].tolist()
+
+
+def test_texts_and_chats_tokenize_as_the_router_does(reader, tokenizer) -> None:
+    texts = ["你是一个资深Python工程师，请回答：如何实现一个LRU缓存？", "The capital of France is"]
+    native = reader.read(NATIVE, {"text": texts, "sampling_params": {"n": 2}, "cache_salt": "s"})
+    assert [p.ids.tolist() for p in native.prompts] == [router_ids(tokenizer, text=t) for t in texts for _ in (0, 1)]
+    assert {p.salt for p in native.prompts} == {"s"}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    chat = reader.read(CHAT, {"messages": messages, "n": 3, "stream": True})
+    assert [p.ids.tolist() for p in chat.prompts] == [router_ids(tokenizer, messages=messages)] * 3
+    assert chat.stream and chat.usage_stride == 3 and not chat.include_usage
+    completion = reader.read(COMPLETIONS, {"prompt": [[1, 2, 3], [4, 5]], "n": 2})
+    assert [p.ids.tolist() for p in completion.prompts] == [[1, 2, 3], [1, 2, 3], [4, 5], [4, 5]]
+
+
+def test_the_match_limit_is_all_but_the_last_token_and_not_past_the_first_logprob(reader) -> None:
+    (plain,) = reader.read(NATIVE, {"input_ids": list(range(1, 50))}).prompts
+    assert plain.match_limit == 48
+    (scored,) = reader.read(
+        NATIVE, {"input_ids": list(range(1, 50)), "return_logprob": True, "logprob_start_len": 20}
+    ).prompts
+    assert scored.match_limit == 20
+
+
+@pytest.mark.parametrize(
+    "kind, body, error",
+    [
+        (NATIVE, {"text": ""}, ValidationError),
+        (NATIVE, {"text": "x", "sampling_params": {"temprature": 1}}, ValidationError),
+        (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, ValidationError),
+        (NATIVE, ["not", "an", "object"], ApiError),
+    ],
+)
+def test_bad_bodies_are_refused_before_any_replica_sees_them(reader, kind, body, error) -> None:
+    with pytest.raises(error):
+        reader.read(kind, body)
