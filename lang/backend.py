@@ -11,6 +11,8 @@ from radixcluster.lang.chat_template import ChatTemplate, chat_template_for_mode
 
 logger = logging.getLogger(__name__)
 
+SESSION_HEADER = "X-Session-Id"
+
 
 class ServerError(RuntimeError):
     """The server refused or failed a request; ``message`` is the server's own words."""
@@ -46,16 +48,20 @@ class RuntimeEndpoint:
         """``GET /get_server_info``."""
         return self._request("GET", "/get_server_info")
 
-    def generate(self, payload: dict[str, Any]) -> Any:
-        """``POST /generate`` with a native-API body; the decoded JSON answer (a list for a batch)."""
-        return self._request("POST", "/generate", payload)
+    def generate(self, payload: dict[str, Any], session_id: str | None = None) -> Any:
+        """``POST /generate`` with a native-API body; the decoded JSON answer (a list for a batch).
+        ``session_id`` goes out as ``X-Session-Id``: a gateway keeps a session on one replica."""
+        headers = {SESSION_HEADER: session_id} if session_id else None
+        return self._request("POST", "/generate", payload, headers)
 
     def close(self) -> None:
         self._client.close()
 
-    def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+    def _request(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    ) -> Any:
         try:
-            response = self._client.request(method, path, json=payload)
+            response = self._client.request(method, path, json=payload, headers=headers)
         except httpx.TimeoutException as exc:
             raise TimeoutError(f"no answer from {self.base_url}{path} within the timeout: {exc}") from exc
         except httpx.HTTPError as exc:

@@ -34,7 +34,7 @@ def prefill(text: str, backend: RuntimeEndpoint, log: RequestLog) -> dict[str, A
 
 
 def _generate(payload: dict[str, Any], backend: RuntimeEndpoint, log: RequestLog) -> Any:
-    answer = backend.generate(payload)
+    answer = backend.generate(payload, session_id=log.session_id)
     for item in answer if isinstance(answer, list) else [answer]:
         log.record(item["meta_info"])
     return answer

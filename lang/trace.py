@@ -4,6 +4,7 @@ server requests it made, from which its cache hit rate is computed."""
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +42,12 @@ class Trace:
 
 
 class RequestLog:
-    """Token counters of every /generate answer of a run (a program and its forks)."""
+    """Token counters of every /generate answer of a run (a program and its forks), and the
+    run's session id: every request of the run carries it, so a gateway in front of several
+    replicas sends them all to the one whose cache holds the run's growing prompt."""
 
     def __init__(self) -> None:
+        self.session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._prompt_tokens = 0
         self._cached_tokens = 0
