@@ -29,13 +29,15 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "--model-path", default=None, help="the tokenizer's model (default: the embedded SmolLM2-135M-Instruct)"
     )
     parser.add_argument("--workload", choices=wl.WORKLOADS, default="shared-prefix")
-    parser.add_argument("--groups", type=int, default=8, help="shared-prefix: distinct prefixes")
-    parser.add_argument("--requests-per-group", type=int, default=4, help="shared-prefix: questions per prefix")
+    parser.add_argument("--groups", type=int, default=8, help="shared-prefix, multi-tenant: distinct prefixes")
+    parser.add_argument(
+        "--requests-per-group", type=int, default=4, help="shared-prefix, multi-tenant: questions per prefix"
+    )
     parser.add_argument(
         "--prefix-len",
         type=int,
         default=620,
-        help="tokens of the shared system prompt (shared-prefix), of each chat's system prompt (multi-turn), of the trunk (fork)",
+        help="tokens of the shared system prompt (shared-prefix, multi-tenant), of each chat's system prompt (multi-turn), of the trunk (fork)",
     )
     parser.add_argument("--question-len", type=int, default=24, help="tokens of each question / user turn")
     parser.add_argument("--conversations", type=int, default=8, help="multi-turn: concurrent chats")
@@ -75,6 +77,8 @@ def build_workload(ns: argparse.Namespace, tokenizer: Tokenizer) -> wl.Workload:
     common = dict(output_len=ns.output_len, seed=ns.seed)
     if ns.workload == "shared-prefix":
         return wl.shared_prefix(tokenizer, ns.groups, ns.requests_per_group, ns.prefix_len, ns.question_len, **common)
+    if ns.workload == "multi-tenant":
+        return wl.multi_tenant(tokenizer, ns.groups, ns.requests_per_group, ns.prefix_len, ns.question_len, **common)
     if ns.workload == "multi-turn":
         return wl.multi_turn(tokenizer, ns.conversations, ns.turns, ns.prefix_len, ns.question_len, **common)
     if ns.workload == "few-shot":

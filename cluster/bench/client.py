@@ -37,6 +37,9 @@ class RequestRecord:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     cached_tokens: int | None = None  # None: the server did not say
+    # through a gateway: the replica that served it and the cached tokens predicted there
+    replica: str | None = None
+    predicted_cached_tokens: int | None = None
     error: str | None = None
 
 
@@ -131,7 +134,10 @@ class BenchClient:
             ids = chunk["output_ids"]  # cumulative
             clock.tokens(len(ids) - len(record.output_ids))
             record.output_ids = list(ids)
-            record.cached_tokens = chunk["meta_info"].get("cached_tokens")
+            meta = chunk["meta_info"]
+            record.cached_tokens = meta.get("cached_tokens")
+            record.replica = meta.get("replica")
+            record.predicted_cached_tokens = meta.get("predicted_cached_tokens")
 
     async def _openai(self, record: RequestRecord, output_len: int, clock: _TokenClock) -> None:
         body = {
@@ -156,6 +162,8 @@ class BenchClient:
             usage = chunk.get("usage")
             if usage:
                 record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                record.replica = usage.get("replica")
+                record.predicted_cached_tokens = usage.get("predicted_cached_tokens")
         if not got_ids:
             record.output_ids = self.tokenizer.encode(text, add_special_tokens=False)
 

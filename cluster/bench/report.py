@@ -4,6 +4,7 @@ the JSON file, and a PNG of latency CDFs and throughput for one or several resul
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ def summarize(records: list[RequestRecord], duration_s: float, label: str, confi
     ideal = sum(ideal_cached_tokens([r.prompt_ids for r in records], [r.output_ids for r in records]))
     total_prompt = sum(len(r.prompt_ids) for r in records)
     reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    cached_ratio = sum(reported) / prompt_tokens if reported and prompt_tokens else None
+    ideal_ratio = ideal / total_prompt if total_prompt else 0.0
+    predicted = [r for r in ok if r.predicted_cached_tokens is not None and r.cached_tokens is not None]
+    replicas = Counter(r.replica for r in ok if r.replica is not None)
     summary = {
         "label": label,
         "completed": len(ok),
@@ -45,8 +50,15 @@ def summarize(records: list[RequestRecord], duration_s: float, label: str, confi
         "itl_s": _stats([x for r in ok for x in r.itl]),
         "e2e_latency_s": _stats([r.latency for r in ok]),
         # None when the server reports no cached tokens (it cannot be told from zero reuse)
-        "cached_ratio": sum(reported) / prompt_tokens if reported and prompt_tokens else None,
-        "ideal_cached_ratio": ideal / total_prompt if total_prompt else 0.0,
+        "cached_ratio": cached_ratio,
+        # the ideal is one cache that holds everything ever computed (one big replica)
+        "ideal_cached_ratio": ideal_ratio,
+        "cached_vs_ideal": cached_ratio / ideal_ratio if cached_ratio is not None and ideal_ratio else None,
+        # through a gateway: requests per replica, and the share whose cached tokens were predicted exactly
+        "replicas": dict(sorted(replicas.items())),
+        "predicted_exact_ratio": (
+            sum(r.predicted_cached_tokens == r.cached_tokens for r in predicted) / len(predicted) if predicted else None
+        ),
     }
     requests = [
         {
@@ -56,6 +68,8 @@ def summarize(records: list[RequestRecord], duration_s: float, label: str, confi
             "prompt_tokens": len(r.prompt_ids),
             "output_tokens": len(r.output_ids),
             "cached_tokens": r.cached_tokens,
+            "predicted_cached_tokens": r.predicted_cached_tokens,
+            "replica": r.replica,
             "ttft": r.ttft,
             "latency": r.latency,
             "error": r.error,
@@ -84,6 +98,8 @@ TABLE_COLUMNS = (
     "E2E p99 s",
     "cached",
     "ideal",
+    "replicas",
+    "pred. exact",
 )
 
 
@@ -102,6 +118,8 @@ def table_row(result: dict[str, Any]) -> list[str]:
         _fmt(s["e2e_latency_s"]["p99"], digits=2),
         _fmt(s["cached_ratio"], digits=3),
         _fmt(s["ideal_cached_ratio"], digits=3),
+        str(len(s.get("replicas") or {})) if s.get("replicas") else "-",
+        _fmt(s.get("predicted_exact_ratio"), digits=3),
     ]
 
 

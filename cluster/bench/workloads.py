@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from radixcluster.router.text.tokenizer import Tokenizer
 
-WORKLOADS = ("shared-prefix", "multi-turn", "few-shot", "fork", "random")
+WORKLOADS = ("shared-prefix", "multi-tenant", "multi-turn", "few-shot", "fork", "random")
 _WORD = re.compile(r"Ġ[a-z]{3,}")
 # Placeholders the chat template renders verbatim, so its glue can be cut out around them.
 _MARKS = ("\x01", "\x02", "\x03", "\x04")
@@ -112,6 +112,27 @@ def shared_prefix(
         groups=groups, requests_per_group=requests_per_group, prefix_len=prefix_len, question_len=question_len
     )
     return Workload("shared-prefix", convs, output_len, params)
+
+
+def multi_tenant(
+    tokenizer: Tokenizer,
+    tenants: int,
+    requests_per_tenant: int,
+    prefix_len: int,
+    question_len: int,
+    output_len: int,
+    seed: int,
+) -> Workload:
+    """shared-prefix's requests in a seeded random order: many tenants' system prompts
+    interleaved, as requests arrive at a cluster in front of several replicas (a cache that
+    spreads tenants over replicas by turn splits each one's prefix across them)."""
+    shared = shared_prefix(tokenizer, tenants, requests_per_tenant, prefix_len, question_len, output_len, seed)
+    convs = list(shared.conversations)
+    random.Random(seed).shuffle(convs)
+    params = dict(
+        tenants=tenants, requests_per_tenant=requests_per_tenant, prefix_len=prefix_len, question_len=question_len
+    )
+    return Workload("multi-tenant", convs, output_len, params)
 
 
 def multi_turn(

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from radixcluster.bench.workloads import ideal_cached_tokens
+from radixcluster.bench.workloads import ideal_cached_tokens, multi_tenant, shared_prefix
+from radixcluster.router.text.tokenizer import load_tokenizer
 from support.servers import launch_server, radixcluster_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -30,6 +31,20 @@ def test_ideal_counts_earlier_outputs_but_their_last_token() -> None:
     assert ideal_cached_tokens(prompts) == [0, 3]
     assert ideal_cached_tokens([]) == []
     assert ideal_cached_tokens([[5], [5]]) == [0, 0]
+
+
+def test_multi_tenant_interleaves_the_shared_prefix_requests(model_path) -> None:
+    tokenizer = load_tokenizer(model_path)
+    shared = shared_prefix(tokenizer, 5, 3, prefix_len=40, question_len=8, output_len=4, seed=3)
+    mixed = multi_tenant(tokenizer, 5, 3, prefix_len=40, question_len=8, output_len=4, seed=3)
+    prompts = [c.segments[0] for c in mixed.conversations]
+    assert sorted(prompts) == sorted(c.segments[0] for c in shared.conversations)
+    assert prompts != [c.segments[0] for c in shared.conversations]  # not group after group
+    tenant = {tuple(p[:40]): i for i, p in enumerate(c.segments[0] for c in shared.conversations[::3])}
+    order = [tenant[tuple(p[:40])] for p in prompts]
+    assert sorted(order) == sorted(list(range(5)) * 3) and order != sorted(order)
+    assert prompts == [c.segments[0] for c in multi_tenant(tokenizer, 5, 3, 40, 8, 4, seed=3).conversations]
+    assert ideal_cached_tokens(prompts).count(0) == 1  # every tenant's first request shares the template
 
 
 @pytest.mark.slow
