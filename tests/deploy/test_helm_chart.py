@@ -1,6 +1,6 @@
 """The Helm chart: lints strictly, renders valid Kubernetes objects for the default, GPU
-(tp 8) and multi-node values, wires its objects to one another, and passes the values on to
-`radixcluster up` as flags the real CLI accepts."""
+(tp 8), multi-node and gateway values, wires its objects to one another, and passes the
+values on to `radixcluster up` and `radixcluster gateway` as flags the real CLI accepts."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 
+from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
-from support.chart_checks import CHART, Helm, by_kind, container, manifest_errors, one
+from support.chart_checks import CHART, Helm, by_kind, component, container, manifest_errors, one
 from support.helm_binary import helm_binary
 
 GPU_VALUES = CHART / "ci" / "gpu-tp8-values.yaml"
 MULTINODE_VALUES = CHART / "ci" / "multinode-values.yaml"
-VALUES = {"default": (), "gpu": (GPU_VALUES,), "multinode": (MULTINODE_VALUES,)}
+GATEWAY_VALUES = CHART / "ci" / "gateway-values.yaml"
+VALUES = {"default": (), "gpu": (GPU_VALUES,), "multinode": (MULTINODE_VALUES,), "gateway": (GATEWAY_VALUES,)}
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +37,28 @@ def rendered(request: pytest.FixtureRequest, helm: Helm) -> tuple[str, list[dict
     return request.param, helm.template(CHART, VALUES[request.param])
 
 
+def _filled(args: list[str]) -> list[str]:
+    return [re.sub(r"\$\((\w+)\)", r"<\1>", a) for a in args]
+
+
+def server_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return component(docs, "Deployment", "server")
+
+
 def server_args(docs: list[dict[str, Any]]) -> ServerArgs:
-    """The Deployment's args parsed by the real `radixcluster up` parser, $(VAR) filled in."""
-    args = container(one(docs, "Deployment"), "server")["args"]
+    """The server Deployment's args parsed by the real `radixcluster up` parser, $(VAR) filled in."""
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
-    return server_args_from_namespace(parser.parse_args([re.sub(r"\$\((\w+)\)", r"<\1>", a) for a in args]))
+    return server_args_from_namespace(parser.parse_args(_filled(container(server_deployment(docs), "server")["args"])))
+
+
+def gateway_config(docs: list[dict[str, Any]]) -> GatewayConfig:
+    """The gateway Deployment's args parsed by the real `radixcluster gateway` parser."""
+    parser = argparse.ArgumentParser()
+    add_gateway_args(parser)
+    gateway = container(component(docs, "Deployment", "gateway"), "gateway")
+    assert gateway["command"] == ["radixcluster", "gateway"]
+    return gateway_config_from_namespace(parser.parse_args(_filled(gateway["args"])))
 
 
 @pytest.mark.parametrize("name", list(VALUES))
@@ -55,13 +74,15 @@ def test_manifests_validate_strictly(rendered: tuple[str, list[dict[str, Any]]])
 
 def test_objects_reference_each_other(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
-    deployment, service = one(docs, "Deployment"), by_kind(docs, "Service")
+    deployment, service = server_deployment(docs), by_kind(docs, "Service")
     pod = deployment["spec"]["template"]
-    server_service = next(s for s in service if s["spec"].get("clusterIP") != "None")
-    assert server_service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    front = next(s for s in service if s["spec"].get("clusterIP") != "None")
+    # the Service reaches the replicas, or the gateway in front of them
+    fronted = component(docs, "Deployment", "gateway") if name == "gateway" else deployment
+    assert front["spec"]["selector"].items() <= fronted["spec"]["template"]["metadata"]["labels"].items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for p in container(deployment, "server")["ports"]}
-    assert {p["targetPort"] for p in server_service["spec"]["ports"]} <= ports
+    assert {p["targetPort"] for p in front["spec"]["ports"]} <= ports
     for pdb in by_kind(docs, "PodDisruptionBudget"):
         assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     for hpa in by_kind(docs, "HorizontalPodAutoscaler"):
@@ -83,7 +104,7 @@ def test_objects_reference_each_other(rendered: tuple[str, list[dict[str, Any]]]
 
 def test_default_is_cpu_with_the_embedded_model_and_a_generated_key(helm: Helm) -> None:
     docs = helm.template(CHART)
-    server = container(one(docs, "Deployment"), "server")
+    server = container(server_deployment(docs), "server")
     args = server_args(docs)
     assert (args.host, args.port, args.tp_size, args.model_path) == ("0.0.0.0", 30000, 1, None)
     assert args.api_key == "<RADIXCLUSTER_API_KEY>"
@@ -91,7 +112,7 @@ def test_default_is_cpu_with_the_embedded_model_and_a_generated_key(helm: Helm) 
     assert server["image"].endswith("-cpu")
     secret = one(docs, "Secret")
     assert len(secret["data"]["api-key"]) > 40
-    shm = next(v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
+    shm = next(v for v in server_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert "/health_generate" in server["readinessProbe"]["exec"]["command"][-1]
     assert server["livenessProbe"]["httpGet"]["path"] == server["startupProbe"]["httpGet"]["path"] == "/health"
@@ -100,7 +121,7 @@ def test_default_is_cpu_with_the_embedded_model_and_a_generated_key(helm: Helm) 
 
 def test_gpu_values_reach_flags_limits_and_volumes(helm: Helm) -> None:
     docs = helm.template(CHART, (GPU_VALUES,))
-    deployment = one(docs, "Deployment")
+    deployment = server_deployment(docs)
     server = container(deployment, "server")
     args = server_args(docs)
     assert args.tp_size == 8 and server["resources"]["limits"]["nvidia.com/gpu"] == 8
@@ -120,7 +141,7 @@ def test_gpu_values_reach_flags_limits_and_volumes(helm: Helm) -> None:
 
 def test_multinode_joins_the_ray_head(helm: Helm) -> None:
     docs = helm.template(CHART, (MULTINODE_VALUES,))
-    deployment = one(docs, "Deployment")
+    deployment = server_deployment(docs)
     server = container(deployment, "server")
     head = one(docs, "StatefulSet")
     head_service = next(s for s in by_kind(docs, "Service") if s["spec"].get("clusterIP") == "None")
@@ -138,6 +159,37 @@ def test_multinode_joins_the_ray_head(helm: Helm) -> None:
     )
 
 
+def test_the_gateway_fronts_the_replicas_and_finds_them_through_a_headless_service(helm: Helm) -> None:
+    docs = helm.template(CHART, (GATEWAY_VALUES,))
+    replicas = next(s for s in by_kind(docs, "Service") if s["spec"].get("clusterIP") == "None")
+    front = next(s for s in by_kind(docs, "Service") if s["spec"].get("clusterIP") != "None")
+    pods = server_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+    gateway = component(docs, "Deployment", "gateway")
+    assert replicas["spec"]["selector"].items() <= pods.items()
+    assert front["spec"]["selector"].items() <= gateway["spec"]["template"]["metadata"]["labels"].items()
+    assert not front["spec"]["selector"].items() <= pods.items(), "clients reach the gateway, not the replicas"
+    config = gateway_config(docs)
+    assert config.discover == f"{replicas['metadata']['name']}.serving.svc.cluster.local:30000"
+    assert (config.api_key, config.replica_api_key) == ("<RADIXCLUSTER_API_KEY>", "<RADIXCLUSTER_API_KEY>")
+    assert (config.routing.policy, config.routing.load_weight) == ("cache-aware", 0.25)
+    assert gateway["spec"]["replicas"] == 2
+    # the replicas publish their tree events where the headless Service says
+    assert server_args(docs).kv_events_address == "tcp://0.0.0.0:5557"
+    events = next(p for p in replicas["spec"]["ports"] if p["name"] == "events")
+    server_ports = {p["name"]: p["containerPort"] for p in container(server_deployment(docs), "server")["ports"]}
+    assert server_ports["events"] == events["port"] == 5557
+    # Prometheus scrapes every replica, and from the gateway only its own metrics
+    monitors = {m["metadata"]["name"]: m for m in by_kind(docs, "ServiceMonitor")}
+    assert (
+        monitors["rc-radixcluster"]["spec"]["selector"]["matchLabels"].items() <= replicas["metadata"]["labels"].items()
+    )
+    gateway_monitor = monitors["rc-radixcluster-gateway"]
+    assert gateway_monitor["spec"]["selector"]["matchLabels"].items() <= front["metadata"]["labels"].items()
+    (keep,) = gateway_monitor["spec"]["endpoints"][0]["metricRelabelings"]
+    assert (keep["action"], keep["regex"]) == ("keep", "radixcluster_gateway_.*")
+    assert not by_kind(helm.template(CHART), "ServiceMonitor") and len(by_kind(helm.template(CHART), "Deployment")) == 1
+
+
 def test_no_key_means_no_auth_anywhere(helm: Helm) -> None:
     docs = helm.template(
         CHART, sets=("apiKey.create=false", "monitoring.serviceMonitor.enabled=true", "probes.readiness.path=/health")
@@ -146,12 +198,19 @@ def test_no_key_means_no_auth_anywhere(helm: Helm) -> None:
     assert "authorization" not in one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
     assert (
         '127.0.0.1:30000/health"'
-        in container(one(docs, "Deployment"), "server")["readinessProbe"]["exec"]["command"][-1]
+        in container(server_deployment(docs), "server")["readinessProbe"]["exec"]["command"][-1]
     )
 
 
 def test_bad_values_are_refused(helm: Helm) -> None:
-    for sets in (("server.tpSize=0",), ("model.source=s3",), ("model.source=pvc",), ("server.schedulePolicy=random",)):
+    for sets in (
+        ("server.tpSize=0",),
+        ("model.source=s3",),
+        ("model.source=pvc",),
+        ("server.schedulePolicy=random",),
+        ("gateway.policy=random",),
+        ("gateway.eventsPort=0",),
+    ):
         with pytest.raises(RuntimeError):
             helm.template(CHART, sets=sets)
 

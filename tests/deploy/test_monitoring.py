@@ -1,5 +1,5 @@
-"""The Grafana dashboard and the Prometheus alert rules query only metrics the server exports
-(read from the real /metrics renderer), and the chart ships these very files."""
+"""The Grafana dashboard and the Prometheus alert rules query only metrics the server and the
+gateway export (read from their real /metrics renderers), and the chart ships these very files."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixcluster.gateway.config import HealthTunables
+from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.replica import Replica
 from radixcluster.router.api import metrics as api_metrics
 from support.chart_checks import CHART, REPO
 
@@ -47,6 +50,8 @@ PROMQL_WORDS = {
     "instance",
     "pod",
     "namespace",
+    "replica",
+    "outcome",
 }
 ISSUE_METRICS = {
     "radixcluster_prompt_tokens_total",
@@ -61,14 +66,26 @@ ISSUE_METRICS = {
     "radixcluster_time_to_first_token_seconds_bucket",
     "radixcluster_inter_token_latency_seconds_bucket",
     "radixcluster_e2e_request_latency_seconds_bucket",
+    "radixcluster_gateway_requests_total",
+    "radixcluster_gateway_predicted_cached_tokens_total",
+    "radixcluster_gateway_cached_tokens_total",
+    "radixcluster_gateway_predictions_total",
+    "radixcluster_gateway_replica_available",
 }
 
 
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
-    """Every sample name /metrics serves, from the real renderer with every router stat present."""
+    """Every sample name /metrics serves, from the real renderers: a replica's with every router
+    stat present, and a gateway's with one replica."""
     stats = {key: 1.0 for _, key, _ in api_metrics._COUNTERS + api_metrics._GAUGES}
-    text = api_metrics.ApiMetrics().render(stats).decode()
+    replica = api_metrics.ApiMetrics().render(stats).decode()
+    gateway = GatewayMetrics()
+    gateway.requests.labels("http://r").inc()
+    gateway.predicted_tokens.labels("http://r").inc()
+    gateway.cached_tokens.labels("http://r").inc()
+    gateway.retries.labels("http://r").inc()
+    text = replica + gateway.render([Replica("http://r", HealthTunables())], {}).decode()
     return {sample.name for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
@@ -108,6 +125,7 @@ def test_dashboard_queries_exported_metrics(exported: set[str]) -> None:
     assert {"radixcluster_generation_tokens_total", "radixcluster_token_usage"} <= used
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Time to first token", "Inter-token latency", "Prefix cache hit rate", "Queue"} <= titles
+    assert {"Gateway: predicted vs actual cached tokens", "Gateway: predictions by outcome"} <= titles
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
 
 
@@ -125,6 +143,8 @@ def test_alerts_query_exported_metrics(exported: set[str]) -> None:
         "RadixclusterCacheHitRateCollapse",
         "RadixclusterQueueGrowing",
         "RadixclusterKVCacheExhausted",
+        "RadixclusterGatewayNoReplica",
+        "RadixclusterGatewayPredictionsDrift",
     } == names
     for rule in rules:
         assert metric_names(rule["expr"]) <= exported | {"up"}, rule["alert"]

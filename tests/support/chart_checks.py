@@ -97,5 +97,12 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def component(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The one object of ``kind`` labelled app.kubernetes.io/component ``name``."""
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["labels"].get("app.kubernetes.io/component") == name]
+    assert len(found) == 1, f"expected one {kind} of component {name}, rendered {len(found)}"
+    return found[0]
+
+
 def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)

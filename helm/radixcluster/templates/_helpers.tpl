@@ -35,6 +35,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: server
 {{- end }}
 
+{{- define "radixcluster.gatewaySelectorLabels" -}}
+{{ include "radixcluster.instanceLabels" . }}
+app.kubernetes.io/component: gateway
+{{- end }}
+
+{{/* The headless Service the gateway finds the replica pods through. */}}
+{{- define "radixcluster.replicasServiceName" -}}
+{{- printf "%s-replicas" (include "radixcluster.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "radixcluster.rayHeadSelectorLabels" -}}
 {{ include "radixcluster.instanceLabels" . }}
 app.kubernetes.io/component: ray-head
@@ -98,6 +108,9 @@ app.kubernetes.io/component: ray-head
 {{- end }}
 {{- if $s.disableRadixCache }}
 - --disable-radix-cache
+{{- end }}
+{{- if .Values.gateway.enabled }}
+- --kv-events-address=tcp://0.0.0.0:{{ int .Values.gateway.eventsPort }}
 {{- end }}
 {{- range $s.extraArgs }}
 - {{ . | quote }}
@@ -165,4 +178,30 @@ anyone who reaches it). */}}
 {{- $replicas := ternary (printf "%v-%v (autoscaled)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) (toString .Values.replicaCount) .Values.autoscaling.enabled }}
 {{- printf "%s replica(s), tensor parallel %d on %s" $replicas (int .Values.server.tpSize) (ternary "GPUs" "CPUs" .Values.gpu.enabled) }}
 {{- if .Values.ray.enabled }} in one Ray cluster{{ end }}
+{{- if .Values.gateway.enabled }}, behind a {{ .Values.gateway.policy }} gateway{{ end }}
+{{- end }}
+
+{{/* The flags of `radixcluster gateway`. */}}
+{{- define "radixcluster.gatewayArgs" -}}
+{{- $g := .Values.gateway -}}
+- --host=0.0.0.0
+- --port={{ int .Values.server.port }}
+- --discover={{ include "radixcluster.replicasServiceName" . }}.{{ .Release.Namespace }}.svc.cluster.local:{{ int .Values.server.port }}
+- --policy={{ $g.policy }}
+- --log-level={{ $g.logLevel }}
+{{- with (include "radixcluster.modelPath" .) }}
+- --model-path={{ . }}
+{{- end }}
+{{- if include "radixcluster.apiKeySecret" . }}
+- --api-key=$(RADIXCLUSTER_API_KEY)
+{{- end }}
+{{- with $g.loadWeight }}
+- {{ printf "--load-weight=%v" . | quote }}
+{{- end }}
+{{- with $g.minOverlap }}
+- {{ printf "--min-overlap=%v" . | quote }}
+{{- end }}
+{{- range $g.extraArgs }}
+- {{ . | quote }}
+{{- end }}
 {{- end }}
