@@ -1,11 +1,13 @@
-"""The `radixcluster` command: `up` serves over HTTP, `generate` runs one prompt offline,
-`bench` measures a live server."""
+"""The `radixcluster` command: `up` serves over HTTP (one replica, or several behind a gateway),
+`gateway` fronts replicas that run elsewhere, `generate` runs one prompt offline, `bench`
+measures a live server."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.server_args import add_cli_args, server_args_from_namespace
@@ -17,6 +19,8 @@ def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
     add_cli_args(up)
+    gateway = sub.add_parser("gateway", help="route requests over replicas by what their radix caches hold")
+    add_gateway_args(gateway)
     gen = sub.add_parser("generate", help="generate from one prompt, offline, on this machine")
     gen.add_argument("prompt")
     gen.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
@@ -39,7 +43,17 @@ def main(argv: list[str] | None = None) -> int:
             from radixcluster.launcher import configure_logging, launch
 
             configure_logging(ns.log_level)
-            return launch(server_args_from_namespace(ns))
+            args = server_args_from_namespace(ns)
+            if args.dp_size > 1:
+                from radixcluster.data_parallel import launch_data_parallel
+
+                return launch_data_parallel(args)
+            return launch(args)
+        if ns.command == "gateway":
+            from radixcluster.gateway.server import run_gateway
+
+            run_gateway(gateway_config_from_namespace(ns))
+            return 0
         if ns.command == "bench":
             from radixcluster.bench.cli import main as bench_main
 

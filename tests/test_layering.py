@@ -122,10 +122,15 @@ def test_a_wrong_import_is_caught(tmp_path: Path) -> None:
     router.write_text("import torch\n\n\ndef f():\n    from ..worker import sampler\n")
     api = tmp_path / "planted_api.py"
     api.write_text("from radixcluster import __version__\nfrom radixcluster.router.cache import radix_tree\n")
+    gateway = tmp_path / "planted_gateway.py"
+    gateway.write_text(
+        "from radixcluster.router.text.tokenizer import Tokenizer\nfrom radixcluster.router import scheduler\n"
+    )
     planted = [
         ("radixcluster.kernels.planted", kernel),
         ("radixcluster.router.planted", router),
         ("radixcluster.router.api.planted", api),
+        ("radixcluster.gateway.planted", gateway),
     ]
     found = violations([*modules(), *planted])
     assert [v.split(": ", 1)[1].split(":")[0] for v in found] == [
@@ -133,6 +138,7 @@ def test_a_wrong_import_is_caught(tmp_path: Path) -> None:
         "radixcluster.router.planted imports torch",
         "radixcluster.router.planted imports radixcluster.worker.sampler",
         "radixcluster.router.api.planted imports radixcluster.router.cache.radix_tree",
+        "radixcluster.gateway.planted imports radixcluster.router.scheduler",
     ]
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
+from radixcluster.server_args import ServerArgs, add_cli_args, replica_argv, server_args_from_namespace
 
 
 def parse(*argv: str) -> ServerArgs:
@@ -51,3 +51,31 @@ def test_prefix_caching_alias_and_dynamic_fraction_are_accepted(caplog):
 def test_bad_values_say_what_is_wrong(argv, words):
     with pytest.raises(ValueError, match=words):
         parse(*argv)
+
+
+def test_scale_out_flags_are_checked_against_each_other():
+    args = parse("--dp-size", "3", "--ray-address", "10.0.0.1:6379", "--node-ip-address", "10.0.0.2")
+    assert (args.dp_size, args.node_ip_address) == (3, "10.0.0.2")
+    assert parse("--kv-events-address", "tcp://0.0.0.0:5557").kv_events_address == "tcp://0.0.0.0:5557"
+    for argv, words in (
+        (("--kv-events-address", "ipc:///tmp/x"), "tcp://"),
+        (("--dp-size", "2", "--kv-events-address", "tcp://0.0.0.0:0"), "each replica"),
+        (("--node-ip-address", "10.0.0.2"), "--ray-address"),
+        (("--dp-size", "0"), "--dp-size"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            parse(*argv)
+
+
+def test_replica_argv_reproduces_the_flags_it_keeps():
+    args = parse("--dp-size", "2", "--page-size", "16", "--disable-radix-cache", "--api-key", "k", "--port", "9")
+    argv = replica_argv(args, exclude=("port", "dp_size"))
+    assert argv == ["--page-size", "16", "--disable-radix-cache", "--api-key", "k"]
+    again = parse(*argv)
+    assert (again.page_size, again.disable_radix_cache, again.api_key, again.dp_size, again.port) == (
+        16,
+        True,
+        "k",
+        1,
+        30000,
+    )

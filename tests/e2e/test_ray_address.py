@@ -3,57 +3,16 @@ and refuses at once a cluster that cannot host its tensor-parallel group."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from support.api_helpers import generate
+from support.ray_nodes import ray_head
 from support.servers import free_port, launch_server, radixcluster_command
 
 pytestmark = pytest.mark.slow
-
-
-@contextlib.contextmanager
-def ray_head(num_cpus: int) -> Iterator[str]:
-    """A Ray head of our own on 127.0.0.1 (stopped by killing its process group, never by
-    `ray stop`, which would stop every Ray instance on the host)."""
-    port = free_port()
-    ray = Path(sys.executable).parent / "ray"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    cmd = [
-        str(ray),
-        "start",
-        "--head",
-        "--block",
-        f"--port={port}",
-        f"--num-cpus={num_cpus}",
-        "--num-gpus=0",
-        "--node-ip-address=127.0.0.1",
-        "--include-dashboard=false",
-        f"--temp-dir={tempfile.mkdtemp(prefix='rh-')}",
-    ]
-    head = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(8)  # the GCS comes up in a few seconds; `radixcluster up` retries the connection
-        assert head.poll() is None, "the Ray head did not start"
-        yield f"127.0.0.1:{port}"
-        assert head.poll() is None, "stopping radixcluster stopped a Ray head it did not start"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
 
 
 def test_up_joins_an_existing_ray_cluster_and_leaves_it_running():

@@ -65,10 +65,11 @@ def stop_server(handle: ServerHandle, timeout: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def launch_server(*extra_args: str, api_key: str | None = None) -> Iterator[ServerHandle]:
-    """Start `radixcluster up` with extra flags; yield once /health answers; stop it after."""
+def launch_server(*extra_args: str, api_key: str | None = None, command: str = "up") -> Iterator[ServerHandle]:
+    """Start `radixcluster up` (or ``command``, e.g. "gateway") with extra flags; yield once
+    /health answers; stop it after."""
     port = free_port()
-    cmd = [*radixcluster_command(), "up", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    cmd = [*radixcluster_command(), command, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if api_key:
         cmd += ["--api-key", api_key]
     process = subprocess.Popen(cmd, start_new_session=True)
@@ -78,3 +79,15 @@ def launch_server(*extra_args: str, api_key: str | None = None) -> Iterator[Serv
         yield handle
     finally:
         stop_server(handle)
+
+
+def wait_replicas(handle: ServerHandle, count: int, timeout: float = STARTUP_TIMEOUT_S) -> list[dict]:
+    """Until a gateway sees ``count`` replicas available with their cache views in step."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            listed = requests.get(f"{handle.url}/replicas", headers=handle.headers(), timeout=5).json()["replicas"]
+            if sum(r["available"] and r["synced"] for r in listed) == count:
+                return listed
+        time.sleep(0.5)
+    raise TimeoutError(f"the gateway at {handle.url} did not see {count} replicas in step within {timeout}s")

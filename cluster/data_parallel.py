@@ -1,0 +1,196 @@
+"""`radixcluster up --dp-size N`: N replicas on the Ray cluster (a private one, or the one at
+--ray-address, where they spread over the nodes that can host a TP group), each a
+`radixcluster up` of its own run by a Ray actor on its node, and the gateway in front of them
+on --host/--port. A replica that exits is started again (same node, same port); the gateway
+drops its cache view meanwhile and resyncs when it is back."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import httpx
+
+from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _start_process, _stop_process
+from radixcluster.model_path import resolve_model_path
+from radixcluster.process_tree import descendants, kill_survivors
+from radixcluster.ray_cluster import RayPlacementError
+from radixcluster.router.api.context import API_DRAIN_S
+from radixcluster.server_args import ServerArgs, replica_argv
+
+logger = logging.getLogger("radixcluster")
+
+# what each replica gets from `up` itself rather than from the user's flags
+REPLICA_OWN_FLAGS = ("host", "port", "dp_size", "ray_address", "node_ip_address", "kv_events_address")
+MAX_RESTARTS = 5  # per replica; a replica that keeps dying ends the whole command
+READY_TIMEOUT_S = 120
+
+
+class _Stop(Exception):
+    """SIGTERM or Ctrl-C arrived while starting."""
+
+
+def replica_nodes(nodes: list[dict[str, Any]], dp_size: int, tp_size: int, use_gpu: bool, first: str) -> list[str]:
+    """The node (IP) of each replica: the live nodes that can host a TP group, the driver's
+    node ``first`` first, taken in turn."""
+    need = ("GPU", float(tp_size)) if use_gpu else ("CPU", 0.01 * tp_size)
+    capable = sorted(
+        (n["NodeManagerAddress"] for n in nodes if n.get("Alive") and n["Resources"].get(need[0], 0) >= need[1]),
+        key=lambda ip: (ip != first, ip),
+    )
+    if not capable:
+        raise RayPlacementError(
+            f"no node of the Ray cluster can host --tp-size {tp_size} (needs {need[0]} {need[1]:g})"
+        )
+    return [capable[i % len(capable)] for i in range(dp_size)]
+
+
+class DataParallelLauncher:
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        self.actors: list[Any] = []
+        self.gateway: BaseProcess | None = None
+        self.stopping = threading.Event()
+        self.started = False
+        self.runtime_dir = tempfile.mkdtemp(prefix="radixcluster-dp-")
+
+    def run(self) -> int:
+        self._handle_signals()
+        try:
+            urls = self._start()
+            self.started = True
+            print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+            print(
+                f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}", file=sys.stderr, flush=True
+            )
+            return self._supervise()
+        except _Stop:
+            return 0
+        finally:
+            self._stop()
+
+    def _handle_signals(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, *_: object) -> None:
+        self.stopping.set()
+        if not self.started:
+            raise _Stop
+
+    def _start(self) -> list[str]:
+        import ray
+
+        from radixcluster import ray_cluster
+        from radixcluster.gateway.config import GatewayConfig
+        from radixcluster.gateway.server import run_gateway
+        from radixcluster.replica_actor import ReplicaProcess
+
+        args = self.args
+        private = args.ray_address is None
+        ray_cluster.start_ray(args.ray_address, self.runtime_dir, os.cpu_count() or 1, args.node_ip_address)
+        self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
+        use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+        ips = replica_nodes(ray.nodes(), args.dp_size, args.tp_size, use_gpu, ray.util.get_node_ip_address())
+        actor_cls = ray.remote(ReplicaProcess)
+        address = ray.get_runtime_context().gcs_address
+        argv = replica_argv(args, REPLICA_OWN_FLAGS)
+        # a private cluster is this host alone: its replicas listen on loopback, for the gateway
+        self.actors = [
+            actor_cls.options(num_cpus=0, max_concurrency=2, resources={f"node:{ip}": 0.001}).remote(
+                argv, address, ip, "127.0.0.1" if private else ip, args.api_key
+            )
+            for ip in ips
+        ]
+        urls = ray.get([actor.start.remote() for actor in self.actors])
+        self.gateway = _start_process(
+            run_gateway,
+            GatewayConfig(
+                host=args.host,
+                port=args.port,
+                model_path=resolve_model_path(args.model_path),
+                replicas=urls,
+                api_key=args.api_key,
+                replica_api_key=args.api_key,
+                log_level=args.log_level,
+            ),
+        )
+        self._wait_gateway_ready(len(urls))
+        return urls
+
+    def _wait_gateway_ready(self, replicas: int) -> None:
+        """Until the gateway serves and sees every replica available."""
+        host = "127.0.0.1" if self.args.host in ("0.0.0.0", "::") else self.args.host
+        url = f"http://{host}:{self.args.port}/replicas"
+        headers = {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.gateway is None or not self.gateway.is_alive():
+                raise RuntimeError(f"the gateway process exited (is port {self.args.port} free?)")
+            try:
+                listed = httpx.get(url, headers=headers, timeout=2).json()["replicas"]
+                if sum(r["available"] for r in listed) == replicas:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the gateway did not see all {replicas} replicas within {READY_TIMEOUT_S} s")
+
+    def _supervise(self) -> int:
+        """Restart a replica that exits; end when the gateway does or a replica keeps dying."""
+        import ray
+
+        watching = {actor.wait.remote(): i for i, actor in enumerate(self.actors)}
+        restarting: dict[Any, int] = {}
+        restarts = [0] * len(self.actors)
+        while not self.stopping.wait(0.5):
+            if self.gateway is not None and not self.gateway.is_alive():
+                logger.error("the gateway process exited (code %s); shutting down", self.gateway.exitcode)
+                return 1
+            done, _ = ray.wait([*watching, *restarting], num_returns=1, timeout=0)
+            for ref in done:
+                if ref in watching:
+                    i = watching.pop(ref)
+                    restarts[i] += 1
+                    logger.error("replica %d exited (code %s); restart %d", i, ray.get(ref), restarts[i])
+                    if restarts[i] > MAX_RESTARTS:
+                        logger.error("replica %d exited %d times; shutting down", i, restarts[i])
+                        return 1
+                    restarting[self.actors[i].start.remote()] = i
+                else:
+                    i = restarting.pop(ref)
+                    try:
+                        logger.warning("replica %d is back at %s", i, ray.get(ref))
+                    except ray.exceptions.RayTaskError as exc:
+                        logger.error("replica %d did not restart: %s", i, exc)
+                        return 1
+                    watching[self.actors[i].wait.remote()] = i
+        return 0
+
+    def _stop(self) -> None:
+        import ray
+
+        _stop_process(self.gateway, API_DRAIN_S + STOP_GRACE_S)
+        started = descendants(os.getpid())
+        if ray.is_initialized():
+            try:
+                ray.get([actor.stop.remote() for actor in self.actors], timeout=API_DRAIN_S + 2 * STOP_GRACE_S)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                logger.warning("stopping the replicas: %s", exc)
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            ray.shutdown()
+        kill_survivors(started, SURVIVOR_GRACE_S)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def launch_data_parallel(args: ServerArgs) -> int:
+    return DataParallelLauncher(args).run()

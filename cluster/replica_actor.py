@@ -1,0 +1,98 @@
+"""One replica of `radixcluster up --dp-size N`, run by a Ray actor pinned to a node: the actor
+starts `radixcluster up` there as a child process (its own router, api and TP group on that
+node, the router reaching rank 0 over ipc://), reports its URL, tells when it exits, stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+STARTUP_TIMEOUT_S = 600
+STOP_GRACE_S = 30
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _command() -> list[str]:
+    script = Path(sys.executable).parent / "radixcluster"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "radixcluster"]
+
+
+class ReplicaProcess:
+    """Ray wraps it as an actor with ``max_concurrency=2``, so ``stop`` runs while ``wait`` blocks."""
+
+    def __init__(self, argv: list[str], ray_address: str, node_ip: str, host: str, api_key: str | None) -> None:
+        """``node_ip``: the Ray node this actor runs on; ``host``: where the replica listens (its
+        HTTP port and its tree events)."""
+        self.port = _free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.argv = [
+            *_command(),
+            "up",
+            *argv,
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+            "--ray-address",
+            ray_address,
+            "--node-ip-address",
+            node_ip,
+            "--kv-events-address",
+            f"tcp://{host}:0",
+        ]
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        """Start the replica (again, on the same port) and return its URL once it is healthy."""
+        env = dict(os.environ)
+        # Ray hides the GPUs from an actor that asked for none; the replica's own TP actors
+        # get theirs from Ray, and its launcher must see the node's devices to plan for them.
+        if env.get("CUDA_VISIBLE_DEVICES") == "":
+            del env["CUDA_VISIBLE_DEVICES"]
+        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"replica {self.url} exited with {self.process.returncode} while starting")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health", headers=self.headers, timeout=2).status_code == 200:
+                    return self.url
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"replica {self.url} was not healthy within {STARTUP_TIMEOUT_S} s")
+
+    def wait(self) -> int:
+        """Block until the replica exits; its exit code."""
+        assert self.process is not None, "start() first"
+        return self.process.wait()
+
+    def pid(self) -> int | None:
+        """The replica's `radixcluster up` process (the leader of its process group)."""
+        return self.process.pid if self.process is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM (the replica drains and stops its processes), SIGKILL if it overstays."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -1,0 +1,47 @@
+"""The flags of `radixcluster gateway`: where the replicas are, how to route, refused mistakes."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
+
+
+def parse(*argv: str) -> GatewayConfig:
+    parser = argparse.ArgumentParser()
+    add_gateway_args(parser)
+    return gateway_config_from_namespace(parser.parse_args(list(argv)))
+
+
+def test_replicas_keys_and_tunables_reach_the_config():
+    config = parse(
+        "--replica=http://10.0.0.7:30000",
+        "--replica=http://10.0.0.8:30000",
+        "--api-key=k",
+        "--load-weight=0.1",
+        "--policy=round-robin",
+        "--breaker-failures=5",
+    )
+    assert config.replicas == ["http://10.0.0.7:30000", "http://10.0.0.8:30000"]
+    assert (config.api_key, config.replica_api_key) == ("k", "k")  # the replicas want the same key by default
+    assert (config.routing.policy, config.routing.load_weight, config.routing.min_overlap) == ("round-robin", 0.1, 0.25)
+    assert config.health.breaker_failures == 5 and config.model_path.suffix == ".gguf"
+    assert parse("--discover=replicas.serving.svc:30000", "--replica-api-key=r").replica_api_key == "r"
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ((), "--replica URL"),
+        (("--replica=10.0.0.7:30000",), "http://"),
+        (("--discover=replicas.serving.svc",), "HOST:PORT"),
+        (("--replica=http://a:1", "--min-overlap=2"), "--min-overlap"),
+        (("--replica=http://a:1", "--health-interval=0"), "--health-interval"),
+    ],
+)
+def test_mistakes_are_refused_with_a_message(argv, words):
+    with pytest.raises(ValueError, match=words):
+        parse(*argv)
