@@ -85,12 +85,13 @@ class ReplicaView:
     def remove_pending(self, names: Iterable[int]) -> None:
         if not self.enabled:
             return
+        counts = self.pending
         for name in names:
-            left = self.pending[name] - 1
+            left = counts[name] - 1
             if left > 0:
-                self.pending[name] = left
+                counts[name] = left
             else:
-                del self.pending[name]
+                counts.pop(name)  # dict's own, in C: Counter's __delitem__ is Python
 
     def evicted_since(self, name: int, seq: int) -> bool:
         """Whether block ``name`` was evicted after event ``seq`` (as far as remembered)."""

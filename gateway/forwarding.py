@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +50,13 @@ class Dispatch:
     placement: Placement
     tokens: int
     ended: bool = field(default=False, init=False)
+    _names: list[list[int]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         replica = self.placement.replica
-        for names in self.placement.names:
-            replica.view.add_pending(names.tolist())
+        self._names = [names.tolist() for names in self.placement.names]
+        for names in self._names:
+            replica.view.add_pending(names)
         replica.load.inflight_tokens += self.tokens
         replica.load.inflight_requests += 1
         replica.requests_total += 1
@@ -63,8 +66,8 @@ class Dispatch:
             return
         self.ended = True
         replica = self.placement.replica
-        for names in self.placement.names:
-            replica.view.remove_pending(names.tolist())
+        for names in self._names:
+            replica.view.remove_pending(names)
         replica.load.inflight_tokens -= self.tokens
         replica.load.inflight_requests -= 1
 
@@ -99,15 +102,17 @@ class Forwarder:
         self.ledger = PredictionLedger(metrics)
         self.http = http
 
-    async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes) -> Response:
-        """Serve ``routed`` (whose body was ``raw``) on a replica; the client leaving a
-        non-streamed request cancels it there."""
+    async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes, arrived: float) -> Response:
+        """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
+        time) on a replica; the client leaving a non-streamed request cancels it there."""
         session = request.headers.get("x-session-id")
         if routed.stream:
-            return await self._forward(path, routed, raw, session)
-        return await until_disconnect(request, self._forward(path, routed, raw, session))
+            return await self._forward(path, routed, raw, session, arrived)
+        return await until_disconnect(request, self._forward(path, routed, raw, session, arrived))
 
-    async def _forward(self, path: str, routed: RoutedRequest, raw: bytes, session: str | None) -> Response:
+    async def _forward(
+        self, path: str, routed: RoutedRequest, raw: bytes, session: str | None, arrived: float
+    ) -> Response:
         forced_usage = routed.stream and routed.kind != NATIVE and not routed.include_usage
         if forced_usage:  # the usage chunk carries the replica's cached tokens; it is dropped again below
             raw = json.dumps({**routed.body, "stream_options": {"include_usage": True}}).encode()
@@ -121,6 +126,9 @@ class Forwarder:
             replica = placement.replica
             self.metrics.requests.labels(replica.url).inc()
             dispatch = Dispatch(placement, routed.tokens - placement.predicted_total)
+            sent = time.perf_counter()
+            if not tried:
+                self.metrics.routing_seconds.observe(sent - arrived)
             try:
                 upstream, content = await self._send(replica, path, raw, routed.stream)
             except _NotServed as exc:
@@ -136,10 +144,13 @@ class Forwarder:
             replica.request_passed()
             if content is None:
                 return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, upstream)
+            answered = time.perf_counter()
             dispatch.end()
             if upstream.status_code != 200:
                 return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"))
-            return JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
+            response = JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
+            self.metrics.own_seconds.observe((sent - arrived) + (time.perf_counter() - answered))
+            return response
 
     async def _send(self, replica: Replica, path: str, raw: bytes, stream: bool) -> tuple[httpx.Response, bytes | None]:
         """The replica's response and, unless it is a stream to relay, its whole body."""

@@ -14,7 +14,7 @@ from radixcluster.gateway.replica import Replica
 
 # why predicted and actual cached tokens differed (see predictions.py)
 OUTCOMES = ("exact", "evicted", "in_flight", "tokenization", "stale_view")
-_ROUTING_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_OWN_TIME_BUCKETS = (0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.1)
 
 
 class _ReplicaState:
@@ -110,8 +110,15 @@ class GatewayMetrics:
         )
         self.routing_seconds = Histogram(
             "radixcluster_gateway_routing_seconds",
-            "Time to read, tokenize and place a request before it is forwarded.",
-            buckets=_ROUTING_BUCKETS,
+            "Time from a request's arrival to its forwarding: read, tokenize, place.",
+            buckets=_OWN_TIME_BUCKETS,
+            registry=self.registry,
+        )
+        self.own_seconds = Histogram(
+            "radixcluster_gateway_own_seconds",
+            "Time a non-streamed request spends in the gateway itself: before it is forwarded, "
+            "and from the replica's answer to the gateway's (not the wait for the replica).",
+            buckets=_OWN_TIME_BUCKETS,
             registry=self.registry,
         )
         for outcome in OUTCOMES:

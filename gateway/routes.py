@@ -86,11 +86,10 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     router = APIRouter()
 
     async def forward(request: Request, path: str, kind: str) -> Response:
-        start = time.perf_counter()
+        arrived = time.perf_counter()
         raw = await read_body(request, ctx.config.max_body_bytes)
         routed = ctx.reader.read(kind, parse_json(raw))
-        ctx.metrics.routing_seconds.observe(time.perf_counter() - start)
-        return await ctx.forwarder.forward(request, path, routed, raw)
+        return await ctx.forwarder.forward(request, path, routed, raw, arrived)
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:

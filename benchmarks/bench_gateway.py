@@ -1,0 +1,87 @@
+"""The latency the gateway adds to a request: one replica with tree events on, a gateway in front
+of it, and the same request sent straight to the replica and through the gateway, alternating
+(which goes first alternates too), so both see the same machine.
+
+The request must cost the replica little and always the same, or the model step's noise on a
+busy machine drowns a millisecond: a 150-word text prompt (~430 tokens) that the replica's
+router refuses for its context length (it was started with --context-length 128), after it
+tokenized it. The gateway does all its work on it: reads, validates and tokenizes the body,
+names its blocks, places it, forwards it, relays the answer.
+
+    .venv/bin/python benchmarks/bench_gateway.py --pairs 300
+
+Prints the median latency of each path, the median of the per-pair differences, and the
+gateway's median time from a request's arrival to its forwarding (its /metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.servers import launch_server, wait_replicas  # noqa: E402
+
+CONTEXT = 128
+
+
+def timed(session: requests.Session, url: str, body: dict) -> float:
+    start = time.perf_counter()
+    resp = session.post(url, json=body, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert resp.status_code == 400 and "context length" in resp.text, resp.text
+    return elapsed
+
+
+def histogram_median(metrics_text: str, name: str) -> float:
+    """The median of a Prometheus histogram, interpolated within its bucket."""
+    buckets, total = [(0.0, 0.0)], 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{name}_bucket") and 'le="+Inf"' not in line:
+            le = float(line.split('le="')[1].split('"')[0])
+            buckets.append((le, float(line.rsplit(" ", 1)[1])))
+        elif line.startswith(f"{name}_count"):
+            total = float(line.rsplit(" ", 1)[1])
+    for (lo, below), (hi, upto) in zip(buckets, buckets[1:]):
+        if upto >= total / 2:
+            return lo + (hi - lo) * (total / 2 - below) / (upto - below)
+    return buckets[-1][0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=300)
+    parser.add_argument("--prompt-words", type=int, default=150)
+    ns = parser.parse_args()
+    prompt = " ".join(f"word{i % 97}" for i in range(ns.prompt_words))
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
+    replica_flags = ("--kv-events-address", "tcp://127.0.0.1:0", "--context-length", str(CONTEXT))
+    with launch_server(*replica_flags) as replica, requests.Session() as session:
+        with launch_server(f"--replica={replica.url}", command="gateway") as gateway:
+            wait_replicas(gateway, 1)
+            for url in (replica.url, gateway.url):  # warm both paths and their connections
+                timed(session, f"{url}/generate", body)
+            direct, through = [], []
+            for i in range(ns.pairs):
+                order = [(replica.url, direct), (gateway.url, through)]
+                for url, times in order if i % 2 else order[::-1]:
+                    times.append(timed(session, f"{url}/generate", body))
+            routing = histogram_median(
+                requests.get(f"{gateway.url}/metrics", timeout=30).text, "radixcluster_gateway_routing_seconds"
+            )
+    diffs = [g - d for g, d in zip(through, direct)]
+    print(f"pairs: {ns.pairs}, prompt: {ns.prompt_words} words, refused by the replica's router after tokenizing")
+    print(f"direct to the replica: median {statistics.median(direct) * 1e3:.2f} ms")
+    print(f"through the gateway:   median {statistics.median(through) * 1e3:.2f} ms")
+    print(f"added by the gateway:  median of per-pair differences {statistics.median(diffs) * 1e3:.2f} ms")
+    print(f"gateway, arrival to forwarding (read, tokenize, place): median {routing * 1e3:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
