@@ -1,5 +1,6 @@
-"""The gateway's HTTP routes: a replica's API (generation forwarded to one replica; health,
-information, cache and metrics over all of them) and the replica list (``/replicas``)."""
+"""The gateway's HTTP routes: a replica's API (generation forwarded to the replica the routing
+picks; model information and tokenizing answered by any one; health, aborts, cache and
+metrics over all of them) and the replica list (``/replicas``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -19,6 +20,7 @@ from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PromptReader
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.router.api.control_schemas import AbortIn
 from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
 from radixcluster.router.api.metrics import CONTENT_TYPE
 
@@ -57,18 +59,45 @@ def _available(ctx: GatewayContext) -> list[Replica]:
     return found
 
 
-async def _each(ctx: GatewayContext, path: str, post: bool = False) -> dict[str, httpx.Response | BaseException]:
+async def _each(
+    ctx: GatewayContext, method: str, path: str, content: bytes | None = None
+) -> dict[str, httpx.Response | BaseException]:
     """Ask every available replica, concurrently."""
     http, headers = ctx.replicas.http, ctx.replicas.headers
-
-    async def one(replica: Replica) -> httpx.Response:
-        if post:
-            return await http.post(replica.url + path, headers=headers)
-        return await http.get(replica.url + path, headers=headers)
-
     replicas = _available(ctx)
-    answers = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+    answers = await asyncio.gather(
+        *(http.request(method, r.url + path, content=content, headers=headers) for r in replicas),
+        return_exceptions=True,
+    )
     return dict(zip((r.url for r in replicas), answers))
+
+
+def _failures(answers: dict[str, httpx.Response | BaseException]) -> str | None:
+    """The replicas that did not answer 200, and why; None when all did."""
+    failed = {
+        url: (a.text if isinstance(a, httpx.Response) else f"{type(a).__name__}: {a}")
+        for url, a in answers.items()
+        if not isinstance(a, httpx.Response) or a.status_code != 200
+    }
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(answers)} replicas failed: " + "; ".join(f"{u}: {why}" for u, why in failed.items())
+
+
+async def _ask_one(ctx: GatewayContext, method: str, path: str, content: bytes | None = None) -> Response:
+    """The answer of the least loaded replica that answers (a question any replica answers
+    alike: model information, tokenizing), passed through as it is."""
+    errors = []
+    for replica in _available(ctx):
+        try:
+            answer = await ctx.replicas.http.request(
+                method, replica.url + path, content=content, headers=ctx.replicas.headers
+            )
+        except httpx.TransportError as exc:
+            errors.append(f"{replica.url}: {type(exc).__name__}: {exc}")
+            continue
+        return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+    return error_response(503, "no replica answered: " + "; ".join(errors))
 
 
 def _summed(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -120,43 +149,59 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
             return error_response(503, f"unhealthy: {replica.url}: {exc}")
         return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
 
+    @router.get("/server_info")
     @router.get("/get_server_info")
     async def server_info() -> dict[str, Any]:
         replica = _available(ctx)[0]
-        info = await ctx.replicas.get_json(replica, "/get_server_info")
+        info = await ctx.replicas.get_json(replica, "/server_info")
         routing = ctx.config.routing
         gateway = {"replicas": [r.url for r in ctx.replicas.list()], "policy": routing.policy}
         return {**info, "gateway": gateway}
 
-    @router.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return await ctx.replicas.get_json(_available(ctx)[0], "/v1/models")
-
     @router.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        answers = await _each(ctx, "/flush_cache", post=True)
-        failed = {
-            url: (a.text if isinstance(a, httpx.Response) else f"{type(a).__name__}: {a}")
-            for url, a in answers.items()
-            if not isinstance(a, httpx.Response) or a.status_code != 200
-        }
+    async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:
+        answers = await _each(ctx, "POST", f"/flush_cache?timeout={timeout}")
+        failed = _failures(answers)
         if failed:
-            detail = "; ".join(f"{url}: {why}" for url, why in failed.items())
-            return error_response(
-                400, f"the cache was not flushed on {len(failed)} of {len(answers)} replicas: {detail}"
-            )
+            return error_response(400, f"the cache was not flushed everywhere: {failed}")
         return JSONResponse({"success": True, "message": f"Cache flushed on {len(answers)} replicas."})
+
+    @router.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        """Every replica is told (the one running ``rid`` aborts it; the others know no such
+        request); the body is checked here first, so a bad one is the same 400 as a replica's."""
+        raw = await read_body(request, ctx.config.max_body_bytes)
+        AbortIn.model_validate(parse_json(raw))
+        failed = _failures(await _each(ctx, "POST", "/abort_request", raw))
+        if failed:
+            return error_response(502, f"the abort did not reach every replica: {failed}")
+        return Response(status_code=200)
+
+    @router.post("/tokenize")
+    @router.post("/v1/tokenize")
+    @router.post("/detokenize")
+    @router.post("/v1/detokenize")
+    async def tokenizer(request: Request) -> Response:
+        raw = await read_body(request, ctx.config.max_body_bytes)
+        return await _ask_one(ctx, "POST", request.url.path, raw)
+
+    @router.get("/model_info")
+    @router.get("/get_model_info")
+    @router.get("/v1/models")
+    @router.get("/v1/models/{name:path}")
+    async def model(request: Request) -> Response:
+        return await _ask_one(ctx, "GET", request.url.path)
 
     @router.get("/cache_info")
     async def cache_info() -> dict[str, Any]:
         """The replicas' counters summed, each replica's own, and the gateway's predictions."""
-        answers = await _each(ctx, "/cache_info")
+        answers = await _each(ctx, "GET", "/cache_info")
         infos = {url: a.json() for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
         return {**_summed(infos), "replicas": infos, "gateway": ctx.forwarder.ledger.summary()}
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        answers = await _each(ctx, "/metrics") if any(r.available for r in ctx.replicas.list()) else {}
+        answers = await _each(ctx, "GET", "/metrics") if any(r.available for r in ctx.replicas.list()) else {}
         texts = {url: a.text for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
         return Response(ctx.metrics.render(ctx.replicas.list(), texts), media_type=CONTENT_TYPE)
 

@@ -1,7 +1,7 @@
 """`radixcluster up --dp-size 2`: two replicas behind the cache-aware gateway keep each tenant's
 prefix on one replica (near the reuse of one big cache, where round-robin spreads it), predict
-the cached tokens they report, survive a replica killed under load, see a flush, and keep a
-session on one replica."""
+the cached tokens they report, survive a replica killed under load, see a flush, keep a
+session on one replica, and pass SGLang's other endpoints on."""
 
 from __future__ import annotations
 
@@ -107,6 +107,34 @@ def test_a_flushed_replica_vanishes_from_the_view(cluster) -> None:
     assert requests.post(f"{flushed}/flush_cache", timeout=60).status_code == 200  # behind the gateway's back
     wait_for("the flushed replica's blocks leave the view", lambda: replicas(cluster)[flushed]["cached_tokens"] == 0)
     assert replicas(cluster)[kept]["cached_tokens"] == held[kept]["cached_tokens"]
+
+
+def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
+    """Model information and tokenizing come from any replica; an abort reaches the replica
+    that runs the request; bad bodies get the replicas' own 400s."""
+    info = get(cluster, "/model_info").json()
+    assert info["model_path"].endswith(".gguf") and get(cluster, "/get_model_info").json() == info
+    gateway = get(cluster, "/server_info").json()["gateway"]
+    assert gateway["policy"] == "cache-aware" and sorted(gateway["replicas"]) == sorted(replicas(cluster))
+    model = get(cluster, "/v1/models").json()["data"][0]["id"]
+    assert get(cluster, f"/v1/models/{model}").json()["id"] == model
+    assert get(cluster, "/v1/models/not-this-one").status_code == 404
+    one = post(cluster, "/tokenize", {"prompt": "Hello, world"}).json()
+    assert one["count"] == len(one["tokens"]) > 0
+    assert post(cluster, "/v1/detokenize", {"tokens": one["tokens"]}).json() == {"text": "Hello, world"}
+    assert "vocabulary" in post(cluster, "/detokenize", {"tokens": [10**6]}).text
+    body = {"text": "Count slowly:", "rid": "abort-me", "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
+    with requests.post(f"{cluster.url}/generate", json=body, stream=True, timeout=LONG_REQUEST_S) as resp:
+        frames = (line[6:] for line in resp.iter_lines() if line.startswith(b"data: "))
+        next(frames)  # it runs
+        assert post(cluster, "/abort_request", {"rid": "abort-me"}).status_code == 200
+        events = list(frames)
+    assert events[-1] == b"[DONE]"
+    last = json.loads(events[-2])["meta_info"]
+    assert last["finish_reason"]["type"] == "abort" and last["completion_tokens"] < 400
+    refused = post(cluster, "/abort_request", {})
+    assert refused.status_code == 400 and "rid" in refused.text
 
 
 def replica_group(server: ServerHandle, url: str) -> int:

@@ -37,6 +37,8 @@ def error(resp, status: int) -> str:
 
 def test_without_an_available_replica_requests_get_503_and_health_fails(client) -> None:
     assert "no replica is available" in error(client.post("/generate", json={"text": "hi"}), 503)
+    assert "no replica is available" in error(client.post("/tokenize", json={"prompt": "hi"}), 503)
+    assert "no replica is available" in error(client.get("/model_info"), 503)
     assert error(client.get("/health"), 503).startswith("unhealthy")
     (replica,) = client.get("/replicas").json()["replicas"]
     assert replica["available"] is False
@@ -46,6 +48,7 @@ def test_bad_bodies_and_missing_keys_are_refused_as_a_replica_would(client) -> N
     assert "empty" in error(client.post("/generate", json={"text": ""}), 400)
     assert "JSON" in error(client.post("/v1/completions", content=b"{not json"), 400)
     assert "messages" in error(client.post("/v1/chat/completions", json={"messages": []}), 400)
+    assert "rid" in error(client.post("/abort_request", json={}), 400)
     anonymous = client.post("/generate", json={"text": "hi"}, headers={"Authorization": ""})
     assert "API key" in error(anonymous, 401)
 
