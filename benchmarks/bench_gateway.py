@@ -3,19 +3,22 @@ of it, and the same request sent straight to the replica and through the gateway
 (which goes first alternates too), so both see the same machine.
 
 The request must cost the replica little and always the same, or the model step's noise on a
-busy machine drowns a millisecond: a 150-word text prompt (~430 tokens) that the replica's
-router refuses for its context length (it was started with --context-length 128), after it
-tokenized it. The gateway does all its work on it: reads, validates and tokenizes the body,
-names its blocks, places it, forwards it, relays the answer.
+busy machine drowns a millisecond: a text prompt (150 words, ~430 tokens, by default) that
+the replica's router refuses for its context length (it was started with --context-length
+16), after it tokenized it. The gateway does all its work on it: reads, validates and
+tokenizes the body, names its blocks, places it, forwards it, relays the answer.
 
-    .venv/bin/python benchmarks/bench_gateway.py --pairs 300
+    .venv/bin/python benchmarks/bench_gateway.py --pairs 300 [--prompt-words 10]
 
-Prints the median latency of each path, the median of the per-pair differences, and the
-gateway's median time from a request's arrival to its forwarding (its /metrics)."""
+Prints the median latency of each path, the median of the per-pair differences, the
+gateway's median time from a request's arrival to its forwarding (its /metrics), and the CPU
+time the gateway process spent per request: what it adds on an idle machine, where the
+latency it adds on a loaded one is mostly waiting for a core at each of its two wake-ups."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -27,7 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.servers import launch_server, wait_replicas  # noqa: E402
 
-CONTEXT = 128
+CONTEXT = 16
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(session: requests.Session, url: str, body: dict) -> float:
@@ -67,10 +76,15 @@ def main() -> int:
             for url in (replica.url, gateway.url):  # warm both paths and their connections
                 timed(session, f"{url}/generate", body)
             direct, through = [], []
+            pid = gateway.process.pid
+            cpu_start, wall_start = cpu_seconds(pid), time.perf_counter()
             for i in range(ns.pairs):
                 order = [(replica.url, direct), (gateway.url, through)]
                 for url, times in order if i % 2 else order[::-1]:
                     times.append(timed(session, f"{url}/generate", body))
+            busy, wall = cpu_seconds(pid) - cpu_start, time.perf_counter() - wall_start
+            time.sleep(wall)  # as long again without requests: its health polls and event loop alone
+            idle = cpu_seconds(pid) - cpu_start - busy
             routing = histogram_median(
                 requests.get(f"{gateway.url}/metrics", timeout=30).text, "radixcluster_gateway_routing_seconds"
             )
@@ -80,6 +94,7 @@ def main() -> int:
     print(f"through the gateway:   median {statistics.median(through) * 1e3:.2f} ms")
     print(f"added by the gateway:  median of per-pair differences {statistics.median(diffs) * 1e3:.2f} ms")
     print(f"gateway, arrival to forwarding (read, tokenize, place): median {routing * 1e3:.2f} ms")
+    print(f"gateway CPU time per request (idle polling taken out): {(busy - idle) / ns.pairs * 1e3:.2f} ms")
     return 0
 
 
