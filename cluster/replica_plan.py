@@ -1,8 +1,9 @@
 """What every process of one replica must agree on, decided once before anything starts: the
 device, the dtype, the context length and the KV pool's size in pages.
 
-The sizing is pure (memory is an argument), so it is unit-tested; ``make_plan`` reads the
-machine and the model once and calls it.
+The sizing is pure (memory is an argument), and so is reading a container's memory limit from its
+cgroup files, so both are unit-tested; ``make_plan`` reads the machine and the model once and
+calls them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.server_args import ServerArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# cgroup v1 writes "no limit" as a number near 2**63
+CGROUP_NO_MEMORY_LIMIT = 2**60
 # share of memory for weights + KV when --mem-fraction-static is not given: a GPU is ours alone;
 # a CPU host's RAM is shared with the router, the api, Ray and the operating system
 DEFAULT_MEM_FRACTION = {"cuda": 0.85, "cpu": 0.2}
@@ -80,12 +83,57 @@ def resolve_device(requested: str) -> str:
 
 
 def memory_bytes(device: str) -> int:
-    """One GPU's memory, or the host's RAM."""
+    """One GPU's memory, or the RAM this process may use: the host's, or less under a cgroup
+    (container) memory limit, which the OOM killer enforces."""
     if device == "cuda":
         import torch
 
         return torch.cuda.mem_get_info()[1]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        membership = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return host
+    limit = cgroup_memory_limit(membership, Path("/sys/fs/cgroup"))
+    return host if limit is None else min(host, limit)
+
+
+def cgroup_memory_limit(membership: str, cgroup_root: Path) -> int | None:
+    """The tightest memory limit on this process's cgroup and its ancestors, or None.
+
+    ``membership`` is ``/proc/self/cgroup`` (``id:controllers:path`` lines); ``cgroup_root`` is
+    where the hierarchies are mounted. cgroup v2 (``0::path``) reads ``memory.max``; v1 (a line
+    naming ``memory``) reads ``memory/<path>/memory.limit_in_bytes``. A path that is not under
+    the mount (a container sees its own cgroup as the root) is read from the mount's root."""
+    limits = []
+    for line in membership.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            limits += _memory_limits_up_to(cgroup_root, path, "memory.max")
+        elif "memory" in controllers.split(","):
+            limits += _memory_limits_up_to(cgroup_root / "memory", path, "memory.limit_in_bytes")
+    return min((limit for limit in limits if limit < CGROUP_NO_MEMORY_LIMIT), default=None)
+
+
+def _memory_limits_up_to(mount: Path, path: str, filename: str) -> list[int]:
+    """The numeric limits in ``filename`` from the cgroup at ``path`` up to ``mount``."""
+    directory = mount.joinpath(*(p for p in path.split("/") if p and p != ".."))
+    while directory != mount and not directory.is_dir():
+        directory = directory.parent
+    limits = []
+    while True:
+        try:
+            text = (directory / filename).read_text().strip()
+        except OSError:
+            text = ""
+        if text.isdigit():
+            limits.append(int(text))
+        if directory == mount:
+            return limits
+        directory = directory.parent
 
 
 def make_plan(args: ServerArgs) -> Plan:

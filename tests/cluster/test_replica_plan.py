@@ -1,11 +1,14 @@
-"""Sizing a replica: dtype by device, weights, and KV pages from memory (pure functions)."""
+"""Sizing a replica: dtype by device, weights, KV pages from memory, and a container's memory limit
+read from fake cgroup (v1 and v2) files (pure functions)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from radixcluster.model_config import load_model_config
-from radixcluster.replica_plan import DTYPE_BYTES, choose_dtype, plan_kv_pages, weight_bytes
+from radixcluster.replica_plan import DTYPE_BYTES, cgroup_memory_limit, choose_dtype, plan_kv_pages, weight_bytes
 from radixcluster.server_args import ServerArgs
 
 GIB = 2**30
@@ -61,3 +64,52 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
 def test_no_room_after_the_weights_says_so(cfg):
     with pytest.raises(ValueError, match="no room for a KV cache"):
         plan_kv_pages(ServerArgs(mem_fraction_static=0.1), cfg, "cpu", 4, 2 * GIB)
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def test_cgroup_v2_takes_the_tightest_limit_up_the_tree(tmp_path: Path):
+    write(tmp_path / "memory.max", "max")
+    write(tmp_path / "kubepods" / "memory.max", str(64 * GIB))
+    write(tmp_path / "kubepods" / "pod1" / "memory.max", str(16 * GIB))
+    write(tmp_path / "kubepods" / "pod1" / "c1" / "memory.max", "max")
+    assert cgroup_memory_limit("0::/kubepods/pod1/c1\n", tmp_path) == 16 * GIB
+
+
+def test_cgroup_v2_without_a_limit_is_none(tmp_path: Path):
+    write(tmp_path / "user.slice" / "memory.max", "max")
+    assert cgroup_memory_limit("0::/user.slice\n", tmp_path) is None
+
+
+def test_a_container_reads_its_own_cgroup_at_the_mount_root(tmp_path: Path):
+    """Without a cgroup namespace the path names the host's tree, which the container does not see."""
+    write(tmp_path / "memory.max", str(4 * GIB))
+    assert cgroup_memory_limit("0::/system.slice/docker-abc.scope\n", tmp_path) == 4 * GIB
+
+
+def test_cgroup_v1_ignores_its_no_limit_number_and_other_controllers(tmp_path: Path):
+    membership = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n"
+    write(tmp_path / "memory" / "memory.limit_in_bytes", "9223372036854771712")
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(8 * GIB))
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "memory.limit_in_bytes", str(GIB))  # not memory's
+    assert cgroup_memory_limit(membership, tmp_path) == 8 * GIB
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
+    assert cgroup_memory_limit(membership, tmp_path) is None
+
+
+def test_no_cgroup_files_means_no_limit(tmp_path: Path):
+    assert cgroup_memory_limit("", tmp_path) is None
+    assert cgroup_memory_limit("0::/\n", tmp_path) is None
+
+
+def test_the_pool_is_sized_from_the_container_limit_not_the_host(cfg, tmp_path: Path):
+    """A 16 GiB pod on a 512 GiB node: the pool fits the pod."""
+    write(tmp_path / "memory.max", str(16 * GIB))
+    limit = cgroup_memory_limit("0::/\n", tmp_path)
+    assert limit is not None
+    args = ServerArgs()
+    in_pod = plan_kv_pages(args, cfg, "cpu", 4, min(512 * GIB, limit))
+    assert in_pod == plan_kv_pages(args, cfg, "cpu", 4, 16 * GIB) < plan_kv_pages(args, cfg, "cpu", 4, 512 * GIB)
