@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,17 +28,31 @@ class RayWorkers:
 
 
 def quiet_ray_env() -> None:
-    """No usage stats, no token file in the user's home for a local, loopback-only instance."""
+    """No usage stats, no log deduplication."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def private_ray_env() -> None:
+    """A private instance listens on loopback only (Ray binds there when it runs as a
+    single-machine cluster; read when ray is imported) and wants a token only this replica's
+    processes hold (given in the environment, so no token file lands in the user's home).
+    A joined cluster keeps Ray's own rule: token authentication when a token is available
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def start_ray(address: str | None, temp_dir: str, num_cpus: int) -> None:
     """Join ``address`` or start a private local instance (stopped by ``stop_workers``)."""
+    quiet_ray_env()
+    if not address:
+        private_ray_env()
     import ray
 
-    quiet_ray_env()
+    if not address and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError("ray was imported before start_ray: the private instance would listen beyond loopback")
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         return
@@ -116,8 +131,8 @@ def load_and_serve(workers: RayWorkers) -> list[Any]:
     """
     import ray
 
-    port = ray.get(workers.actors[0].free_port.remote())
-    ray.get([actor.load.remote(f"tcp://127.0.0.1:{port}") for actor in workers.actors])
+    port = ray.get(workers.actors[0].open_rendezvous.remote())
+    ray.get([actor.load.remote(port) for actor in workers.actors])
     return [actor.serve.remote() for actor in workers.actors]
 
 
