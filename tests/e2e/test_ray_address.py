@@ -1,10 +1,12 @@
-"""`radixcluster up --ray-address` joins a Ray head started apart from it, leaves it running,
-and refuses at once a cluster that cannot host its tensor-parallel group."""
+"""`radixcluster up --ray-address` joins a Ray head started apart from it (with Ray's token
+authentication when the cluster has it), leaves it running, and refuses at once a cluster that
+cannot host its tensor-parallel group."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,12 +24,14 @@ pytestmark = pytest.mark.slow
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int) -> Iterator[str]:
-    """A Ray head of our own on 127.0.0.1 (stopped by killing its process group, never by
-    `ray stop`, which would stop every Ray instance on the host)."""
+def ray_head(num_cpus: int, token: str | None = None) -> Iterator[str]:
+    """A Ray head of our own on 127.0.0.1, with token authentication when ``token`` is given
+    (stopped by killing its process group, never by `ray stop`, which would stop every Ray
+    instance on the host)."""
     port = free_port()
     ray = Path(sys.executable).parent / "ray"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [
         str(ray),
         "start",
@@ -56,8 +60,12 @@ def ray_head(num_cpus: int) -> Iterator[str]:
             head.wait()
 
 
-def test_up_joins_an_existing_ray_cluster_and_leaves_it_running():
-    with ray_head(num_cpus=2) as address, launch_server("--ray-address", address) as srv:
+def test_up_joins_a_token_authenticated_ray_cluster_and_leaves_it_running():
+    token = secrets.token_hex(16)
+    with (
+        ray_head(num_cpus=2, token=token) as address,
+        launch_server("--ray-address", address, env={"RAY_AUTH_TOKEN": token}) as srv,
+    ):
         assert generate(srv, "The capital of France is", max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
 
 
