@@ -222,7 +222,8 @@ async def _disconnected(request: Request) -> None:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client leaves first, cancel it (aborting its requests)."""
+    """Await ``work``; if the client leaves first, cancel it (aborting its requests) and wait
+    until it has wound down (what it was iterating is free again)."""
     task = asyncio.ensure_future(work)
     gone = asyncio.create_task(_disconnected(request))
     try:
@@ -233,6 +234,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     finally:
         task.cancel()
         gone.cancel()
+        await asyncio.wait({task, gone})
 
 
 async def collect(request: Request, streams: list[AsyncIterator[Generation]]) -> list[Generation]:

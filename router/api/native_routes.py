@@ -76,7 +76,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         # a router that finished a step lately is generating: no probe (a full queue would make
         # it wait, or refuse it)
         try:
-            stats = await ctx.client.control("stats", timeout=HEALTH_TIMEOUT_S)
+            stats = await ctx.client.control("stats", timeout=HEALTH_GENERATE_TIMEOUT_S)
         except (RouterUnavailable, RouterError) as exc:
             return error_response(503, f"unhealthy: {exc}")
         since = stats.get("seconds_since_last_step")

@@ -28,8 +28,9 @@ def small() -> Iterator[ServerHandle]:
         yield handle
 
 
-def endless_stream(server: ServerHandle, text: str) -> requests.Response:
-    """A stream that runs until its client leaves (its first event already read)."""
+def endless_stream(server: ServerHandle, text: str) -> tuple[requests.Response, Iterator[bytes]]:
+    """A stream that runs until its client leaves, its first event read (the reader is kept:
+    dropping it would close the connection, and the server would abort the stream)."""
     params = {**GREEDY, "max_new_tokens": 1400, "ignore_eos": True}  # two of them fit the pool
     resp = requests.post(
         server.url + "/generate",
@@ -39,19 +40,21 @@ def endless_stream(server: ServerHandle, text: str) -> requests.Response:
         timeout=TIMEOUT_S,
     )
     assert resp.status_code == 200, resp.text
-    next(resp.iter_lines())
-    return resp
+    lines = resp.iter_lines()
+    next(lines)
+    return resp, lines
 
 
 @pytest.fixture()
 def two_running(small: ServerHandle) -> Iterator[list[requests.Response]]:
-    """Both running slots taken until the test ends."""
+    """Both running slots taken until the test ends (or closes them)."""
     wait_idle(small)
     streams = [endless_stream(small, f"Count from {i}:") for i in range(2)]
+    assert metric_value(small, "radixcluster_num_running_reqs") == 2
     try:
-        yield streams
+        yield [resp for resp, _ in streams]
     finally:
-        for resp in streams:
+        for resp, _ in streams:
             resp.close()
         wait_idle(small)
 
