@@ -36,9 +36,7 @@ def quiet_ray_env() -> None:
 def private_ray_env() -> None:
     """A private instance listens on loopback only (Ray binds there when it runs as a
     single-machine cluster; read when ray is imported) and wants a token only this replica's
-    processes hold (given in the environment, so no token file lands in the user's home).
-    A joined cluster keeps Ray's own rule: token authentication when a token is available
-    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)."""
+    processes hold (given in the environment, so no token file lands in the user's home)."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
@@ -54,6 +52,14 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int) -> None:
     if not address and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
         raise RuntimeError("ray was imported before start_ray: the private instance would listen beyond loopback")
     if address:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        # Token authentication whenever a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
+        # or ~/.ray/auth_token) and RAY_AUTH_MODE does not say otherwise: the rule Ray applies
+        # to a cluster it finds by itself, and not to an explicit address
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         return
     # A private temp dir keeps sessions and sockets of two servers on one host apart.

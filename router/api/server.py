@@ -117,7 +117,6 @@ class DrainingServer(uvicorn.Server):
         # runs as a signal handler on the loop's thread: only flags and times are set here
         now = time.monotonic()
         if self._fail_at is None:
-            logger.info("draining: %d generation(s) in flight", self.ctx.client.in_flight)
             self.ctx.draining = True
             self._fail_at = now if sig == signal.SIGINT else now + self.ctx.config.shutdown_timeout_s
         else:

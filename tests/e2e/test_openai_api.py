@@ -174,7 +174,7 @@ def test_concurrent_streams_under_a_loaded_api_equal_their_answers(server, clien
     answers, with one finish_reason per choice."""
     questions = [
         [{"role": "user", "content": f"Name {k} animals that start with the letter {'BCDFGHJKLM'[k]}."}]
-        for k in range(10)
+        for k in range(8)
     ]
     answers = [
         [
@@ -210,7 +210,7 @@ def test_concurrent_streams_under_a_loaded_api_equal_their_answers(server, clien
                         finishes[choice["index"]].append(choice["finish_reason"])
         return texts, finishes
 
-    loaders = [threading.Thread(target=load) for _ in range(3)]
+    loaders = [threading.Thread(target=load) for _ in range(2)]
     for t in loaders:
         t.start()
     try:
