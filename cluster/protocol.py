@@ -15,6 +15,10 @@ import msgpack
 import numpy as np
 
 PROTOCOL_VERSION = 1
+# what the integers of a request may hold: the router packs them into int32 arrays (token ids,
+# counts, top_k) and int64 (seed)
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _EXT_ARRAY = 1
 _EXT_MESSAGE = 2

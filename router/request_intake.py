@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from radixcluster.protocol import GenerateRequest
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.tokenizer import Tokenizer
@@ -16,10 +16,6 @@ from radixcluster.router.text.tokenizer import Tokenizer
 
 class RequestRejected(ValueError):
     """The client's request cannot run; the message is for the client."""
-
-
-INT32_MAX = 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class RequestIntake:

@@ -11,14 +11,12 @@ from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
 # Bounds on what one request may ask for (README, "Limits"). Counts and lengths stop a single body
-# from costing the router minutes or gigabytes; integer ranges are what its arrays hold.
-INT32_MAX = 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# from costing the router minutes or gigabytes; integer ranges (protocol) are what its arrays hold.
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
