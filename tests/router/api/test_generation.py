@@ -80,8 +80,9 @@ async def read_after_everything_arrived(
     return [await first] + [chunk async for chunk in chunks]
 
 
-def request(rid: str) -> GenerateRequest:
-    return GenerateRequest(rid=rid, sampling=SamplingParams(max_new_tokens=len(DELTAS)), text="hi", stream=True)
+def request(rid: str, return_logprob: bool = False) -> GenerateRequest:
+    sampling = SamplingParams(max_new_tokens=len(DELTAS))
+    return GenerateRequest(rid=rid, sampling=sampling, text="hi", stream=True, return_logprob=return_logprob)
 
 
 async def run_with_router(tmp_path: Path, body) -> Any:
@@ -124,8 +125,8 @@ def test_buffered_completion_deltas_and_logprobs_line_up(tmp_path: Path) -> None
 
 def test_buffered_native_chunks_grow_one_output_at_a_time(tmp_path: Path) -> None:
     async def body(client: RouterClient, router: FakeRouterSockets) -> list[dict[str, Any]]:
-        streams = [run_generation(client, request("n-0"), ApiMetrics())]
-        return await read_after_everything_arrived(client, router, _native_chunks(streams, False, True), ["n-0"])
+        streams = [run_generation(client, request("n-0", return_logprob=True), ApiMetrics())]
+        return await read_after_everything_arrived(client, router, _native_chunks(streams, False), ["n-0"])
 
     chunks = asyncio.run(run_with_router(tmp_path, body))
     assert [c["text"] for c in chunks] == ["".join(DELTAS[: i + 1]) for i in range(len(DELTAS))]
