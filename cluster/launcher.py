@@ -107,7 +107,7 @@ class Launcher:
             file=sys.stderr,
             flush=True,
         )
-        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=os.cpu_count() or 1)
+        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=plan.cpus)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
         addresses = RouterAddresses(
@@ -146,7 +146,7 @@ class Launcher:
         args = self.args
 
         dtype = getattr(torch, plan.dtype)
-        threads = max(1, (os.cpu_count() or 1) // args.tp_size)
+        threads = max(1, plan.cpus // args.tp_size)
         return [
             WorkerConfig(
                 runner=RunnerConfig(

@@ -1,13 +1,14 @@
 """What every process of one replica must agree on, decided once before anything starts: the
-device, the dtype, the context length and the KV pool's size in pages.
+device, the dtype, the context length, the KV pool's size in pages and the CPUs to use.
 
-The sizing is pure (memory is an argument), and so is reading a container's memory limit from its
-cgroup files, so both are unit-tested; ``make_plan`` reads the machine and the model once and
-calls them.
+The sizing is pure (memory is an argument), and so is reading a container's memory and CPU limits
+from its cgroup files, so both are unit-tested; ``make_plan`` reads the machine and the model once
+and calls them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class Plan:
     num_pages: int
     context_length: int
     runtime_dir: str
+    cpus: int  # what Ray may schedule and the ranks' threads share
 
     def address(self, name: str) -> str:
         return f"ipc://{self.runtime_dir}/{name}"
@@ -106,34 +108,77 @@ def cgroup_memory_limit(membership: str, cgroup_root: Path) -> int | None:
     naming ``memory``) reads ``memory/<path>/memory.limit_in_bytes``. A path that is not under
     the mount (a container sees its own cgroup as the root) is read from the mount's root."""
     limits = []
+    for directory, v2 in _cgroup_dirs(membership, cgroup_root, "memory"):
+        text = _read(directory / ("memory.max" if v2 else "memory.limit_in_bytes"))
+        if text.isdigit():
+            limits.append(int(text))
+    return min((limit for limit in limits if limit < CGROUP_NO_MEMORY_LIMIT), default=None)
+
+
+def cpu_count() -> int:
+    """The CPUs this process may use: those it may run on, fewer under a cgroup CPU quota
+    (``docker --cpus``, a pod's ``limits.cpu``), which throttles the threads beyond it."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        membership = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return cpus
+    quota = cgroup_cpu_limit(membership, Path("/sys/fs/cgroup"))
+    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
+
+
+def cgroup_cpu_limit(membership: str, cgroup_root: Path) -> float | None:
+    """The tightest CPU quota, in CPUs, on this process's cgroup and its ancestors, or None.
+
+    cgroup v2 reads ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``); v1 (a line naming
+    ``cpu``) reads ``cpu/<path>/cpu.cfs_quota_us`` (-1: none) over ``cpu.cfs_period_us``."""
+    quotas = []
+    for directory, v2 in _cgroup_dirs(membership, cgroup_root, "cpu"):
+        if v2:
+            quota, _, period = _read(directory / "cpu.max").partition(" ")
+        else:
+            quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+        if quota.isdigit() and period.isdigit() and int(period) > 0:
+            quotas.append(int(quota) / int(period))
+    return min(quotas, default=None)
+
+
+def _cgroup_dirs(membership: str, cgroup_root: Path, controller: str) -> list[tuple[Path, bool]]:
+    """The directories of this process's cgroup and its ancestors that can hold ``controller``'s
+    files, each with whether it is cgroup v2. ``membership`` is ``/proc/self/cgroup``
+    (``id:controllers:path`` lines); ``cgroup_root`` is where the hierarchies are mounted
+    (v2 there, v1 under ``<root>/<controller>``). A path that is not under the mount (a
+    container sees its own cgroup as the root) is read from the mount's root."""
+    found = []
     for line in membership.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
         if controllers == "":
-            limits += _memory_limits_up_to(cgroup_root, path, "memory.max")
-        elif "memory" in controllers.split(","):
-            limits += _memory_limits_up_to(cgroup_root / "memory", path, "memory.limit_in_bytes")
-    return min((limit for limit in limits if limit < CGROUP_NO_MEMORY_LIMIT), default=None)
+            found += [(d, True) for d in _dirs_up_to(cgroup_root, path)]
+        elif controller in controllers.split(","):
+            found += [(d, False) for d in _dirs_up_to(cgroup_root / controller, path)]
+    return found
 
 
-def _memory_limits_up_to(mount: Path, path: str, filename: str) -> list[int]:
-    """The numeric limits in ``filename`` from the cgroup at ``path`` up to ``mount``."""
+def _dirs_up_to(mount: Path, path: str) -> list[Path]:
+    """The cgroup at ``path`` (or its nearest existing ancestor) and its ancestors up to ``mount``."""
     directory = mount.joinpath(*(p for p in path.split("/") if p and p != ".."))
     while directory != mount and not directory.is_dir():
         directory = directory.parent
-    limits = []
-    while True:
-        try:
-            text = (directory / filename).read_text().strip()
-        except OSError:
-            text = ""
-        if text.isdigit():
-            limits.append(int(text))
-        if directory == mount:
-            return limits
+    dirs = [directory]
+    while directory != mount:
         directory = directory.parent
+        dirs.append(directory)
+    return dirs
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text().strip()
+    except OSError:
+        return ""
 
 
 def make_plan(args: ServerArgs) -> Plan:
@@ -150,4 +195,5 @@ def make_plan(args: ServerArgs) -> Plan:
         num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory_bytes(device)),
         context_length=args.context_length or cfg.max_position_embeddings,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
+        cpus=cpu_count(),
     )

@@ -1,14 +1,23 @@
-"""Sizing a replica: dtype by device, weights, KV pages from memory, and a container's memory limit
-read from fake cgroup (v1 and v2) files (pure functions)."""
+"""Sizing a replica: dtype by device, weights, KV pages from memory, and a container's memory and
+CPU limits read from fake cgroup (v1 and v2) files (pure functions)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from radixcluster.model_config import load_model_config
-from radixcluster.replica_plan import DTYPE_BYTES, cgroup_memory_limit, choose_dtype, plan_kv_pages, weight_bytes
+from radixcluster.replica_plan import (
+    DTYPE_BYTES,
+    cgroup_cpu_limit,
+    cgroup_memory_limit,
+    choose_dtype,
+    cpu_count,
+    plan_kv_pages,
+    weight_bytes,
+)
 from radixcluster.server_args import ServerArgs
 
 GIB = 2**30
@@ -113,3 +122,27 @@ def test_the_pool_is_sized_from_the_container_limit_not_the_host(cfg, tmp_path: 
     args = ServerArgs()
     in_pod = plan_kv_pages(args, cfg, "cpu", 4, min(512 * GIB, limit))
     assert in_pod == plan_kv_pages(args, cfg, "cpu", 4, 16 * GIB) < plan_kv_pages(args, cfg, "cpu", 4, 512 * GIB)
+
+
+def test_cgroup_v2_cpu_quota_is_the_tightest_up_the_tree(tmp_path: Path):
+    write(tmp_path / "cpu.max", "max 100000")
+    write(tmp_path / "kubepods" / "cpu.max", "800000 100000")
+    write(tmp_path / "kubepods" / "pod1" / "cpu.max", "150000 100000")  # limits.cpu: 1500m
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", tmp_path) == 1.5
+    write(tmp_path / "kubepods" / "pod1" / "cpu.max", "max 100000")
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", tmp_path) == 8.0
+
+
+def test_cgroup_v1_cpu_quota_and_no_quota(tmp_path: Path):
+    membership = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n"
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_quota_us", "200000")
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_period_us", "100000")
+    write(tmp_path / "memory" / "docker" / "abc" / "cpu.cfs_quota_us", "10000")  # not cpu's
+    assert cgroup_cpu_limit(membership, tmp_path) == 2.0
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_quota_us", "-1")
+    assert cgroup_cpu_limit(membership, tmp_path) is None
+    assert cgroup_cpu_limit("", tmp_path) is None
+
+
+def test_the_cpus_to_use_are_at_most_those_this_process_may_run_on():
+    assert 1 <= cpu_count() <= len(os.sched_getaffinity(0))
