@@ -4,12 +4,12 @@ protocol GenerateRequest per prompt and sample."""
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+import regex
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 
@@ -19,10 +19,12 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # from costing the router minutes or gigabytes; integer ranges (protocol) are what its arrays hold.
 MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 256
+MAX_STOP_REGEXES = 4  # each is searched over all the text so far at every step
 MAX_STOP_TOKEN_IDS = 256
 MAX_GRAMMAR_CHARS = 64 * 1024  # a regex, JSON schema or EBNF grammar
 MAX_GENERATIONS = 256  # per HTTP request: prompts x n
 MAX_DEADLINE_S = 24 * 3600.0
+MAX_KEY_CHARS = 256  # a rid, cache_salt or extra_key
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
@@ -31,6 +33,7 @@ LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logpr
 # an optional per-request deadline, in seconds from arrival: what is not done by then is aborted (504)
 Deadline = Annotated[float | None, Field(gt=0, le=MAX_DEADLINE_S)]
 Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
+Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
 
 # Fields of SGLang's SamplingParams and GenerateReqInput that change what a request does and
 # that this server does not implement: accepted at their defaults (null, false, empty), refused
@@ -131,14 +134,15 @@ class SamplingParamsIn(BaseModel):
             raise ValueError("top_k must be -1 (off) or at least 1")
         return value
 
-    @field_validator("stop")
+    @field_validator("stop", "stop_regex")
     @classmethod
-    def _stop_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    def _stops_bounded(cls, value: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
+        stops = _as_list(value)
+        most = MAX_STOP_STRINGS if info.field_name == "stop" else MAX_STOP_REGEXES
+        if len(stops) > most:
+            raise ValueError(f"at most {most} entries, got {len(stops)}")
         if any(len(stop) > MAX_STOP_CHARS for stop in stops):
-            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+            raise ValueError(f"an entry has at most {MAX_STOP_CHARS} characters")
         return value
 
     @field_validator("json_schema", mode="before")
@@ -152,8 +156,8 @@ class SamplingParamsIn(BaseModel):
     def _regexes_compile(cls, value: str | list[str] | None) -> str | list[str] | None:
         for pattern in [value] if isinstance(value, str) else value or []:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex.compile(pattern)  # the engine the router searches with
+            except regex.error as exc:
                 raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {exc}") from None
         return value
 
@@ -227,10 +231,10 @@ class GenerateIn(BaseModel):
     top_logprobs_num: TopLogprobsNum | list[TopLogprobsNum] | None = None
     logprob_start_len: LogprobStart | list[LogprobStart] | None = None
     return_text_in_logprobs: bool = False
-    rid: str | list[str] | None = None
+    rid: Key | list[Key] | None = None
     # both name a namespace of the radix cache: requests share prefixes only within one
-    cache_salt: str | list[str] | None = None
-    extra_key: str | list[str] | None = None
+    cache_salt: Key | list[Key] | None = None
+    extra_key: Key | list[Key] | None = None
     deadline_s: Deadline = None
 
     @model_validator(mode="before")

@@ -12,6 +12,7 @@ from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
     Deadline,
     Grammar,
+    Key,
     SamplingParamsIn,
     TokenId,
     check_generations,
@@ -72,8 +73,8 @@ class OpenAIRequest(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    rid: str | None = None
-    cache_salt: str | None = None
+    rid: Key | None = None
+    cache_salt: Key | None = None
     deadline_s: Deadline = None
 
     @model_validator(mode="before")

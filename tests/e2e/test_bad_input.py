@@ -61,6 +61,12 @@ NATIVE_CASES = {
     ),
     "2,000 prompts x n=64": ({"text": [TEXT] * 2000, "sampling_params": {"n": 64, "max_new_tokens": 1}}, "256"),
     "deadline of zero": ({"text": TEXT, "deadline_s": 0}, "deadline_s"),
+    "10,000 stop regexes": (sampling(stop_regex=["x"] * 10_000), "stop_regex"),
+    "a stop regex that backtracks without end": (
+        {"text": "x", "sampling_params": {"max_new_tokens": 100, "regex": "x{100}", "stop_regex": "(x|xx)+y"}},
+        "simplify it",
+    ),
+    "a 200,000-character cache_salt": ({"text": TEXT, "cache_salt": "s" * 200_000}, "cache_salt"),
 }
 
 OPENAI_CASES = {

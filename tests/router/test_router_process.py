@@ -351,3 +351,17 @@ def test_a_grammar_that_does_not_compile_and_an_abort_while_compiling(router, ru
     (out,) = drive(router, runner, {bad.rid: []})[bad.rid]
     assert out.status == 400 and "invalid regex" in out.error
     assert_serves(router, runner)
+
+
+def test_a_stop_regex_that_backtracks_for_ever_ends_its_request_alone(router, runner):
+    """A grammar makes the model write a run of x, on which ``(x|xx)+y`` backtracks
+    exponentially: the search times out, that request ends with a 400, the other one finishes."""
+    bomb = request("x", sampling={"max_new_tokens": 100, "regex": "x{100}", "stop_regex": [r"(x|xx)+y"]})
+    plain = request("Hello there", sampling={"max_new_tokens": 6, "ignore_eos": True})
+    router.submit(bomb)
+    router.submit(plain)
+    outputs = drive(router, runner, {bomb.rid: [], plain.rid: []})
+    (last,) = outputs[bomb.rid]
+    assert last.status == 400 and "simplify it" in last.error
+    assert outputs[plain.rid][-1].completion_tokens == 6
+    assert_serves(router, runner)

@@ -12,7 +12,9 @@ from radixcluster.router.api.errors import ApiError, describe_validation_error, 
 from radixcluster.router.api.native_schemas import (
     MAX_GENERATIONS,
     MAX_GRAMMAR_CHARS,
+    MAX_KEY_CHARS,
     MAX_STOP_CHARS,
+    MAX_STOP_REGEXES,
     MAX_STOP_STRINGS,
     GenerateIn,
 )
@@ -51,6 +53,17 @@ NATIVE = {
     "fan-out": ({"text": ["hi"] * 20_000, "sampling_params": {"n": 64}}, "generations"),
     "deadline of zero": ({"text": "hi", "deadline_s": 0}, "deadline_s"),
     "infinite deadline": ({"text": "hi", "deadline_s": float("inf")}, "deadline_s"),
+    # SGLang's fields: each is bounded too
+    "too many stop regexes": (sampling(stop_regex=["x"] * (MAX_STOP_REGEXES + 1)), "stop_regex"),
+    "a 200,000-character stop regex": (sampling(stop_regex="x" * 200_000), "stop_regex"),
+    "stream_interval beyond int32": (sampling(stream_interval=BIG), "stream_interval"),
+    "per-prompt logprob_start_len beyond int32": (
+        {"text": ["hi", "ho"], "logprob_start_len": [0, BIG]},
+        "logprob_start_len.1",
+    ),
+    "a long rid": ({"text": "hi", "rid": "r" * (MAX_KEY_CHARS + 1)}, "rid"),
+    "a long cache_salt": ({"text": "hi", "cache_salt": "s" * 200_000}, "cache_salt"),
+    "a long extra_key in a batch": ({"text": ["hi", "ho"], "extra_key": ["k", "k" * 200_000]}, "extra_key.1"),
 }
 
 OPENAI = {
@@ -63,6 +76,8 @@ OPENAI = {
     "chat stop bomb": (ChatCompletionIn, {"messages": CHAT, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
     "chat stop token bomb": (ChatCompletionIn, {"messages": CHAT, "stop_token_ids": [BIG]}, "stop_token_ids"),
     "chat deadline": (ChatCompletionIn, {"messages": CHAT, "deadline_s": -1}, "deadline_s"),
+    "chat long rid": (ChatCompletionIn, {"messages": CHAT, "rid": "r" * (MAX_KEY_CHARS + 1)}, "rid"),
+    "completion long cache_salt": (CompletionIn, {"prompt": "hi", "cache_salt": "s" * 200_000}, "cache_salt"),
     "chat response_format bomb": (
         ChatCompletionIn,
         {
@@ -91,11 +106,14 @@ def test_the_limits_themselves_are_accepted() -> None:
             "sampling_params": {
                 "n": 4,
                 "stop": ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS,
+                "stop_regex": ["x" * MAX_STOP_CHARS] * MAX_STOP_REGEXES,
                 "regex": "a" * MAX_GRAMMAR_CHARS,
                 "seed": BIG - 1,
                 "top_k": 2**31 - 1,
             },
             "deadline_s": 3600,
+            "rid": [f"{i:0{MAX_KEY_CHARS}}" for i in range(MAX_GENERATIONS // 4)],
+            "cache_salt": "s" * MAX_KEY_CHARS,
         }
     )
     assert len(body.expand()) == MAX_GENERATIONS
