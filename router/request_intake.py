@@ -20,14 +20,29 @@ class RequestRejected(ValueError):
 
 class RequestIntake:
     """``pool_tokens``: the KV pool's size; a request's prompt + output must fit it whole (and the
-    context), or it could never run even alone."""
+    context), or it could never run even alone.
+
+    Tokenizing runs on the router's loop, so a text is refused unread when it is too long to be
+    any prompt: no token stands for more than the tokenizer's longest entry, so a text of more
+    than ``max_text_chars`` characters has more tokens than the context holds."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.pool_tokens = pool_tokens
+        self.max_text_chars = context_length * tokenizer.longest_token_chars()
         self.memo = PromptMemo()
+        # the text encoded last and its ids: the n samples of one prompt arrive one after another
+        self._last: tuple[str, bool, np.ndarray] | None = None
+
+    def check_text(self, text: str, what: str = "the prompt") -> None:
+        """RequestRejected when ``text`` is longer than any prompt can be."""
+        if len(text) > self.max_text_chars:
+            raise RequestRejected(
+                f"{what} has {len(text)} characters; no text of more than {self.max_text_chars} characters fits "
+                f"this model's context of {self.context_length} tokens"
+            )
 
     def prompt(self, msg: GenerateRequest) -> tuple[str | None, np.ndarray]:
         """The prompt's text (None for input_ids) and token ids; a chat is rendered with the
@@ -45,12 +60,20 @@ class RequestIntake:
             text, add_special = msg.text, True
         else:
             raise RequestRejected("one of text, input_ids or messages is required")
+        self.check_text(text)
+        if self._last is not None and self._last[1] == add_special and self._last[0] == text:
+            return text, self._last[2]
+        ids = self._encode(text, add_special)
+        self._last = (text, add_special, ids)
+        return text, ids
+
+    def _encode(self, text: str, add_special: bool) -> np.ndarray:
         known = self.memo.longest_prefix(text)
         if known is None:
-            return text, np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
         known_text, known_ids = known
         rest = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
-        return text, np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
+        return np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
 
     def make_request(self, msg: GenerateRequest) -> tuple[Request, str | None]:
         """The scheduler's request (without its grammar) and the prompt's text (for the memo once

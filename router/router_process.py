@@ -277,15 +277,22 @@ class Router:
 
     def _tokenize(self, args: dict) -> dict:
         """``{"tokens": [ids of each prompt]}``: ``prompts`` encoded as /generate would, or
-        ``messages`` rendered with the chat template first; ValueError on a bad chat."""
+        ``messages`` rendered with the chat template first; ValueError on a bad chat, or on
+        more text than one prompt can hold (tokenizing it would hold up the loop)."""
         if "messages" in args:
             text = self.tokenizer.apply_chat_template(args["messages"], args.get("add_generation_prompt", True))
+            self.intake.check_text(text, "the rendered chat")
             return {"tokens": [self.tokenizer.encode(text, add_special_tokens=False)]}
+        self.intake.check_text("".join(args["prompts"]), "the text to tokenize")
         add_special = bool(args.get("add_special_tokens", True))
         return {"tokens": [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]}
 
     def _detokenize(self, args: dict) -> dict:
-        """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary."""
+        """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary, or
+        on more ids than /tokenize may return at once."""
+        count, most = sum(map(len, args["tokens"])), self.intake.max_text_chars
+        if count > most:
+            raise ValueError(f"{count} token ids to detokenize; at most {most} per request")
         vocab = self.intake.vocab_size
         for ids in args["tokens"]:
             bad = [t for t in ids if not 0 <= t < vocab]

@@ -66,6 +66,7 @@ NATIVE_CASES = {
         {"text": "x", "sampling_params": {"max_new_tokens": 100, "regex": "x{100}", "stop_regex": "(x|xx)+y"}},
         "simplify it",
     ),
+    "a text longer than any prompt": ({"text": "hello " * 120_000, "max_tokens": 2}, "characters"),
     "a 200,000-character cache_salt": ({"text": TEXT, "cache_salt": "s" * 200_000}, "cache_salt"),
 }
 
@@ -105,6 +106,12 @@ OPENAI_CASES = {
     "completion fan-out": ("/v1/completions", {"prompt": [TEXT] * 20_000, "n": 64}, "256"),
 }
 
+# tokenizing runs on the router's loop: no call may hold it up for long
+TOKENIZER_CASES = {
+    "tokenize bomb": ("/tokenize", {"prompt": ["hello " * 60_000] * 2}, "characters"),
+    "detokenize bomb": ("/detokenize", {"tokens": [504] * 700_000}, "token ids"),
+}
+
 
 @pytest.fixture()
 def still_serves(server):
@@ -120,6 +127,11 @@ def test_native_request_validation(server, still_serves, body, word):
 
 @pytest.mark.parametrize("path,body,word", OPENAI_CASES.values(), ids=OPENAI_CASES.keys())
 def test_openai_request_validation(server, still_serves, path, body, word):
+    assert_error(post(server, path, body), 400, word)
+
+
+@pytest.mark.parametrize("path,body,word", TOKENIZER_CASES.values(), ids=TOKENIZER_CASES.keys())
+def test_tokenizer_endpoint_bounds(server, still_serves, path, body, word):
     assert_error(post(server, path, body), 400, word)
 
 

@@ -353,6 +353,38 @@ def test_a_grammar_that_does_not_compile_and_an_abort_while_compiling(router, ru
     assert_serves(router, runner)
 
 
+def test_a_text_longer_than_any_prompt_is_refused_unread(router, runner):
+    """Tokenizing runs on the router's loop: a text that cannot fit the context whatever its
+    tokens is refused on its length alone, and so is such a text sent to /tokenize."""
+    limit = router.intake.max_text_chars
+    (out,) = router.submit(request("x" * (limit + 1)))
+    assert out.status == 400 and f"no text of more than {limit} characters" in out.error
+
+    def control(kind, **args):
+        return router.submit(ControlRequest(cid="t", kind=kind, args=args))[0]
+
+    assert "characters" in control("tokenize", prompts=["x" * (limit // 2 + 1)] * 2).error
+    assert "token ids to detokenize" in control("detokenize", tokens=[[5] * (limit // 2 + 1)] * 2).error
+    assert_serves(router, runner)
+
+
+def test_the_samples_of_one_prompt_are_tokenized_once(router, monkeypatch):
+    calls = []
+    encode = type(router.tokenizer).encode
+
+    def counted(tokenizer, text, **kw):
+        calls.append(text)
+        return encode(tokenizer, text, **kw)
+
+    monkeypatch.setattr(type(router.tokenizer), "encode", counted)
+    prompt = "Tell me a story about a lighthouse keeper."
+    msgs = [request(prompt, sampling={"max_new_tokens": 2, "temperature": 1.0, "seed": i}) for i in range(4)]
+    for msg in msgs:
+        assert router.submit(msg) == []
+    assert calls == [prompt]
+    assert len({tuple(r.prompt_ids) for r in router.scheduler.waiting}) == 1
+
+
 def test_a_stop_regex_that_backtracks_for_ever_ends_its_request_alone(router, runner):
     """A grammar makes the model write a run of x, on which ``(x|xx)+y`` backtracks
     exponentially: the search times out, that request ends with a 400, the other one finishes."""
