@@ -47,6 +47,24 @@ def _stop_process(process: BaseProcess | None, grace_s: float) -> None:
         process.join()
 
 
+def _attention_backend(requested: str, device: str) -> tuple[str, str]:
+    """The backend the ranks get, and its words for the start-up line. On the CPU the native
+    kernels are built here, once, before the ranks load them; ``auto`` falls back to torch
+    with one line saying why, an explicit ``native`` refuses to start."""
+    if device != "cpu" or requested not in ("auto", "native"):
+        return requested, f"attention {requested}"
+    from radixcluster.kernels import native
+
+    try:
+        isa = native.load()
+    except native.NativeBuildError as exc:
+        if requested == "native":
+            raise ValueError(f"--attention-backend native: the native CPU kernels are unavailable: {exc}") from exc
+        native.say_unavailable(str(exc))
+        return "torch", "attention torch"
+    return "native", f"attention native ({isa} kernels)"
+
+
 class _StopDuringStartup(Exception):
     """SIGTERM or Ctrl-C arrived while the replica was still starting."""
 
@@ -62,6 +80,7 @@ class Launcher:
         self.api: BaseProcess | None = None
         self.stopping = threading.Event()
         self.started = False
+        self.attention_backend = args.attention_backend
 
     def run(self) -> int:
         self._handle_signals()
@@ -92,10 +111,11 @@ class Launcher:
 
         args = self.args
         self.plan = plan = make_plan(args)
+        self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
             f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
-            f"KV pool {plan.num_pages * args.page_size} tokens; radix cache {cache}",
+            f"KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
             file=sys.stderr,
             flush=True,
         )
@@ -149,7 +169,7 @@ class Launcher:
                     max_context_len=plan.context_length,
                     dtype=dtype,
                     device=plan.device,
-                    attention_backend=args.attention_backend,
+                    attention_backend=self.attention_backend,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
