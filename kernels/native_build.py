@@ -39,19 +39,21 @@ COMMON_FLAGS = (
     "-Wall",
     "-Wno-unused-function",
 )
+# GCC 12's own AVX-512 headers trip its -Wmaybe-uninitialized (GCC bug 105593)
+AVX512 = (
+    "-DRC_ISA_AVX512",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mavx2",
+    "-mfma",
+    "-Wno-maybe-uninitialized",
+    "-Wno-uninitialized",
+)
 X86_ISAS = {
-    # GCC 12's own AVX-512 headers trip its -Wmaybe-uninitialized (GCC bug 105593)
-    "avx512": (
-        "-DRC_ISA_AVX512",
-        "-mavx512f",
-        "-mavx512bw",
-        "-mavx512vl",
-        "-mavx512dq",
-        "-mavx2",
-        "-mfma",
-        "-Wno-maybe-uninitialized",
-        "-Wno-uninitialized",
-    ),
+    "avx512bf16": (*AVX512, "-DRC_ISA_AVX512_BF16", "-mavx512bf16"),
+    "avx512": AVX512,
     "avx2": ("-DRC_ISA_AVX2", "-mavx2", "-mfma"),
     "scalar": (),
 }

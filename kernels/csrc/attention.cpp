@@ -3,6 +3,7 @@
 // tasks that share a query token (a shared prefix, a split context). Built once per ISA.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace {
 // Per-thread buffers, grown to the largest task seen and then reused: no allocation per step.
 struct Scratch {
   std::vector<float> q;  // [rows, head_dim], scaled
+  std::vector<uint16_t> q_bf16;  // [rows, head_dim], unscaled (bfloat16 dot products)
   std::vector<float> acc;  // [rows, head_dim]
   std::vector<float> state;  // max, sum, limit: [3, rows]
   std::vector<float> staged;  // fp32 K then V rows of one key block (bf16 caches)
@@ -45,8 +47,10 @@ void locate_keys(const rc_attention_args& a, int req, int first, int n, int kv_h
   for (int j = 0; j < n; ++j) out[j] = cache_row(a, req, first + j) * row + head;
 }
 
-// Gathers the task's query rows (token by token, the KV head's query heads inside), scaled.
-int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head, float* q, float* limit) {
+// Gathers the task's query rows (token by token, the KV head's query heads inside): scaled
+// fp32, or (q_bf16 not null) the bf16 rows as they are.
+int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head, float* q, uint16_t* q_bf16,
+                   float* limit) {
   const int d = a.head_dim, group = a.num_heads / a.num_kv_heads;
   int r = 0;
   for (int si = task.seg_begin; si < task.seg_end; ++si) {
@@ -56,8 +60,14 @@ int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head,
       const float visible = float(a.prefix_lens[seg.req] + i + 1);
       for (int j = 0; j < group; ++j, ++r) {
         const int64_t at = token * a.q_token_stride + int64_t(kv_head * group + j) * a.q_head_stride;
-        for (int c = 0; c < d; c += W)
-          Vec::store(q + blocked(r, c, d), Vec::mul(load(a.q, at + c, a.dtype), Vec::set1(a.scale)));
+        if (q_bf16 != nullptr) {
+          const uint16_t* src = static_cast<const uint16_t*>(a.q) + at;
+          for (int c = 0; c < d; c += 32)
+            std::memcpy(q_bf16 + int64_t(r / W) * W * d + int64_t(c) * W + (r % W) * 32, src + c, 64);
+        } else {
+          for (int c = 0; c < d; c += W)
+            Vec::store(q + blocked(r, c, d), Vec::mul(load(a.q, at + c, a.dtype), Vec::set1(a.scale)));
+        }
         limit[r] = visible;
       }
     }
@@ -95,8 +105,8 @@ void finish_task(const rc_attention_args& a, const rc_task& task, int kv_head, c
 // tile reads: the cache itself (float, or bf16 when a single row block would not repay a
 // conversion), or bf16 rows staged as fp32 once for many row blocks.
 template <class T>
-void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, float* q, float* acc, float* max,
-                 float* sum, const float* limit, int rows) {
+void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, const float* q, const uint16_t* q_bf16,
+                 float* acc, float* max, float* sum, const float* limit, int rows) {
   const int d = a.head_dim;
   Scratch& s = scratch();
   float* scores = grown(s.scores, size_t(KEY_BLOCK) * W);
@@ -153,7 +163,8 @@ void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, f
       // rows that see none of these keys (causal) skip the block; rows that see all need no mask
       if (*high <= float(first)) continue;
       const bool masked = *low < float(first + nk);
-      attend_rows(nr, masked, TileRows{q + rb * d, acc + rb * d, max + rb, sum + rb, limit + rb}, keys);
+      const TileRows tile{q + rb * d, q_bf16 == nullptr ? nullptr : q_bf16 + rb * d, a.scale, acc + rb * d, max + rb, sum + rb, limit + rb};
+      attend_rows(nr, masked, tile, keys);
       keys.next_n = 0;  // fetched once, by the first row block
     }
   }
@@ -168,15 +179,20 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
   float* max = grown(s.state, size_t(3) * padded);
   float* sum = max + padded;
   float* limit = sum + padded;
-  gather_queries(a, task, kv_head, q, limit);
+  // bf16 caches: read in place, by bf16 dot products where the CPU has them, else widened
+  // row by row when one row block reads them; staged as fp32 once for many row blocks
+  const bool bf16 = a.dtype == RC_BFLOAT16;
+  const bool dot = Vec::BF16_DOT && bf16 && d % 32 == 0;
+  uint16_t* q_bf16 = dot ? grown(s.q_bf16, size_t(padded) * d) : nullptr;
+  gather_queries(a, task, kv_head, q, q_bf16, limit);
   std::fill(limit + rows, limit + padded, 0.0f);
   std::fill(max, max + padded, NEG_INF);
   std::fill(sum, sum + padded, 0.0f);
   std::fill(acc, acc + size_t(padded) * d, 0.0f);
-  if (a.dtype == RC_BFLOAT16 && rows <= W)
-    attend_keys<uint16_t>(a, task, kv_head, q, acc, max, sum, limit, rows);
+  if (dot || (bf16 && !Vec::BF16_DOT && rows <= W))
+    attend_keys<uint16_t>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows);
   else
-    attend_keys<float>(a, task, kv_head, q, acc, max, sum, limit, rows);
+    attend_keys<float>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows);
   finish_task(a, task, kv_head, acc, max, sum);
 }
 

@@ -5,6 +5,8 @@
 // maxima, exponentials and sums of a whole block are plain vector operations.
 #pragma once
 
+#include <type_traits>
+
 #include "vec.h"
 
 namespace rc {
@@ -19,6 +21,10 @@ inline int64_t blocked(int row, int c, int head_dim) { return int64_t(row / W) *
 // keys whose K and V rows (fp32, or bf16 as uint16_t) are at k[j] and v[j].
 struct TileRows {
   const float* q;
+  // with bfloat16 dot products: the rows unscaled in bf16, in blocks of W rows, each
+  // [head_dim / 32][W rows][32]; their scores are scaled after the dot
+  const uint16_t* q_bf16;
+  float scale;
   float* acc;  // unnormalised output, blocked like q
   float* max;  // [W]
   float* sum;  // [W]
@@ -60,16 +66,24 @@ inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
     F dot[NR];
     for (int r = 0; r < NR; ++r) dot[r] = Vec::zero();
     const T* k = keys.k[j];
-    for (int c = 0; c < d; c += W) {
-      F kc = load_row(k + c);
-      const float* qc = rows.q + c * W;
-      for (int r = 0; r < NR; ++r) dot[r] = Vec::fma(Vec::load(qc + r * W), kc, dot[r]);
+    if constexpr (std::is_same_v<T, uint16_t> && Vec::BF16_DOT) {
+      for (int c = 0; c < d; c += 32) {
+        const uint16_t* qc = rows.q_bf16 + c * W;
+        for (int r = 0; r < NR; ++r) dot[r] = Vec::dot_bf16(dot[r], qc + r * 32, k + c);
+      }
+    } else {
+      for (int c = 0; c < d; c += W) {
+        F kc = load_row(k + c);
+        const float* qc = rows.q + c * W;
+        for (int r = 0; r < NR; ++r) dot[r] = Vec::fma(Vec::load(qc + r * W), kc, dot[r]);
+      }
     }
     if (j < keys.next_n) {
       prefetch_row(keys.next_k[j], keys.row_bytes);
       prefetch_row(keys.next_v[j], keys.row_bytes);
     }
     F s = Vec::hsum_rows<NR>(dot);
+    if constexpr (std::is_same_v<T, uint16_t> && Vec::BF16_DOT) s = Vec::mul(s, Vec::set1(rows.scale));
     if constexpr (MASKED) s = Vec::select_gt(limit, Vec::set1(float(keys.first + j)), s, Vec::set1(NEG_INF));
     Vec::store(reinterpret_cast<float*>(p + j), s);
     block_max = Vec::max(block_max, s);

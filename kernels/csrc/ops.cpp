@@ -20,6 +20,7 @@ const rc_kernel_table* rc_kernels_scalar();
 #if defined(RC_X86)
 const rc_kernel_table* rc_kernels_avx2();
 const rc_kernel_table* rc_kernels_avx512();
+const rc_kernel_table* rc_kernels_avx512bf16();
 #endif
 }
 
@@ -37,6 +38,7 @@ bool has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
 }
+bool has_avx512bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
 bool has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -47,6 +49,7 @@ bool always() { return true; }
 // best first
 const Isa ISAS[] = {
 #if defined(RC_X86)
+    {"avx512bf16", rc_kernels_avx512bf16, has_avx512bf16},
     {"avx512", rc_kernels_avx512, has_avx512},
     {"avx2", rc_kernels_avx2, has_avx2},
 #endif

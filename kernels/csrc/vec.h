@@ -1,5 +1,6 @@
 // The vector traits of the instruction set this translation unit is built for (RC_ISA_AVX512,
-// RC_ISA_AVX2, or the portable fallback), and the math every kernel shares on top of them.
+// with or without RC_ISA_AVX512_BF16, RC_ISA_AVX2, or the portable fallback), and the math
+// every kernel shares on top of them.
 #pragma once
 
 #if defined(RC_ISA_AVX512)

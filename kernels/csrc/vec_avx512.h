@@ -1,4 +1,5 @@
-// AVX-512 (F, BW, VL, DQ) vector traits: sixteen float lanes in a zmm register.
+// AVX-512 (F, BW, VL, DQ) vector traits: sixteen float lanes in a zmm register; with
+// RC_ISA_AVX512_BF16, bfloat16 dot products too (AVX512_BF16).
 #pragma once
 
 #include <immintrin.h>
@@ -10,6 +11,16 @@ namespace rc {
 struct Vec {
   static constexpr int W = 16;
   using F = __m512;
+#if defined(RC_ISA_AVX512_BF16)
+  static constexpr bool BF16_DOT = true;
+  // acc lane i += a[2i] b[2i] + a[2i+1] b[2i+1], for 32 bfloat16 values of a and b
+  static F dot_bf16(F acc, const uint16_t* a, const uint16_t* b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+  }
+#else
+  static constexpr bool BF16_DOT = false;
+  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
+#endif
 
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float x) { return _mm512_set1_ps(x); }

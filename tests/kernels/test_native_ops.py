@@ -28,7 +28,7 @@ def ops():
     return NATIVE_LAYER_OPS
 
 
-@pytest.fixture(autouse=True, params=["avx512", "avx2", "scalar"])
+@pytest.fixture(autouse=True, params=["avx512bf16", "avx512", "avx2", "scalar"])
 def isa(ops, request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param not in torch.ops.radixcluster.supported_isas():
         pytest.skip(f"this CPU does not run {request.param}")
