@@ -13,7 +13,7 @@ import threading
 import time
 
 from radixcluster.process_tree import descendants, kill_survivors
-from radixcluster.replica_plan import Plan, make_plan
+from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.router.api.context import API_DRAIN_S
 from radixcluster.server_args import ServerArgs
 
@@ -125,7 +125,9 @@ class Launcher:
         import torch
 
         dtype = getattr(torch, plan.dtype)
-        threads = max(1, (os.cpu_count() or 1) // args.tp_size)
+        threads = plan.cpus.threads_per_rank
+        # cores are pinned for CPU ranks only: a GPU rank's threads just feed its device
+        rank_cpus = plan.cpus.rank_cpus if plan.device == "cpu" else None
         return [
             WorkerConfig(
                 runner=RunnerConfig(
@@ -143,6 +145,7 @@ class Launcher:
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
                 num_threads=threads,
+                env=omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
             )
             for rank in range(args.tp_size)
         ]
