@@ -141,6 +141,7 @@ class Launcher:
                     dtype=dtype,
                     device=plan.device,
                     attention_backend=args.attention_backend,
+                    prepack_weights=plan.prepack_weights,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),

@@ -48,6 +48,7 @@ class Plan:
     context_length: int
     runtime_dir: str
     cpus: CpuPlan
+    prepack_weights: bool
 
     def address(self, name: str) -> str:
         return f"ipc://{self.runtime_dir}/{name}"
@@ -66,6 +67,11 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     return (cfg.num_layers * _layer_linear_params(cfg) + embed) * dtype_bytes
 
 
+def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together)."""
+    return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
+
+
 def _layer_linear_params(cfg: ModelConfig) -> int:
     attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
     return attn + 3 * cfg.hidden_size * cfg.intermediate_size
@@ -78,13 +84,28 @@ def _kv_budget(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int
     return fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
 
 
-def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> int:
+def prepacks_weights(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> bool:
+    """CPU ranks keep oneDNN-packed copies of the linear weights unless told not to, or unless
+    the copies would take more than half of the memory left for the KV pool."""
+    if device != "cpu" or args.disable_weight_prepack:
+        return False
+    return (
+        packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
+        <= _kv_budget(args, cfg, device, dtype_bytes, memory_bytes) / 2
+    )
+
+
+def plan_kv_pages(
+    args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int, prepack: bool = False
+) -> int:
     """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
     ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
-    weights."""
+    weights (and, with ``prepack``, their packed copies)."""
     if args.max_total_tokens is not None:
         return args.max_total_tokens // args.page_size
     budget = _kv_budget(args, cfg, device, dtype_bytes, memory_bytes)
+    if prepack:
+        budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
     tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
     if tokens < args.page_size * 2:
         fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
@@ -189,14 +210,16 @@ def make_plan(args: ServerArgs) -> Plan:
     device = resolve_device(args.device)
     dtype = choose_dtype(args.dtype, device)
     memory = memory_bytes(device)
+    prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     return Plan(
         model_path=path,
         model_config=cfg,
         served_model_name=args.served_model_name or served_model_name(path),
         device=device,
         dtype=dtype,
-        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory),
+        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack),
         context_length=args.context_length or cfg.max_position_embeddings,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
         cpus=machine_cpus(args.tp_size),
+        prepack_weights=prepack,
     )

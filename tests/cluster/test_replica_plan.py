@@ -14,10 +14,12 @@ from radixcluster.replica_plan import (
     cgroup_cpu_limit,
     choose_dtype,
     omp_env,
+    packed_weight_bytes,
     parse_cfs_quota,
     parse_cpu_max,
     plan_cpus,
     plan_kv_pages,
+    prepacks_weights,
     weight_bytes,
 )
 from radixcluster.server_args import ServerArgs
@@ -59,6 +61,24 @@ def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
     gpu_one = plan_kv_pages(ServerArgs(), cfg, "cuda", 2, 16 * GIB)
     gpu_three = plan_kv_pages(ServerArgs(tp_size=3), cfg, "cuda", 2, 16 * GIB)
     assert gpu_three > gpu_one  # every GPU holds a shard of the weights and a third of the heads
+
+
+def test_packed_weights_are_the_linear_layers_and_one_lm_head(cfg):
+    assert packed_weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+
+
+def test_prepacked_copies_come_out_of_the_kv_pool(cfg):
+    plain = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+    packed = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB, prepack=True)
+    assert plain - packed == pytest.approx(packed_weight_bytes(cfg, 4) / cfg.kv_bytes_per_token(1, 4), abs=1)
+
+
+def test_cpu_prepacks_unless_disabled_or_short_of_memory(cfg):
+    assert prepacks_weights(ServerArgs(), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(disable_weight_prepack=True), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(), cfg, "cuda", 2, 80 * GIB)
+    # 0.2 x 4 GiB leaves 321 MB after the 538 MB of weights: the 538 MB copy would not fit
+    assert not prepacks_weights(ServerArgs(), cfg, "cpu", 4, 4 * GIB)
 
 
 def test_max_total_tokens_overrides_memory(cfg):
