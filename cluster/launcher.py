@@ -85,7 +85,8 @@ class Launcher:
         self.plan = plan = make_plan(args)
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
-            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
+            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
+            f"tp {args.tp_size}, "
             f"KV pool {plan.num_pages * args.page_size} tokens; radix cache {cache}",
             file=sys.stderr,
             flush=True,
@@ -212,6 +213,18 @@ class Launcher:
         kill_survivors(started, SURVIVOR_GRACE_S)
         if self.plan is not None:
             shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def _dtype_note(plan: Plan) -> str:
+    """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
+    oneDNN and ATen then convert every operand, and float32 is faster."""
+    import torch
+
+    if plan.device != "cpu" or plan.dtype != "bfloat16":
+        return ""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return ""
+    return ", emulated on this CPU: float32 is faster here"
 
 
 def configure_logging(level: str) -> None:
