@@ -68,7 +68,8 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 
 
 def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
-    """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together)."""
+    """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together),
+    at most: the workers leave small weights unpacked."""
     return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
 
 

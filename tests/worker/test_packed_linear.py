@@ -9,12 +9,21 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import packed_weight_bytes
 from radixcluster.worker.llama import LlamaForCausalLM
-from radixcluster.worker.packed_linear import PACKED_MAX_ROWS, PACKED_MIN_ROWS, linear, pack_weight, prepack_linears
+from radixcluster.worker.packed_linear import (
+    PACK_MIN_PARAMS,
+    PACKED_MAX_ROWS,
+    PACKED_MIN_ROWS,
+    linear,
+    pack_weight,
+    prepack_linears,
+)
 from radixcluster.worker.parallel import TPGroup
+from radixcluster.worker.tp_layers import RowParallelLinear
 
 ROWS = sorted({1, PACKED_MIN_ROWS, 7, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 300})
 
@@ -45,11 +54,23 @@ def test_an_unpacked_layer_is_f_linear_at_every_row_count():
 
 
 @pytest.mark.parametrize("tied", [True, False])
-def test_every_linear_layer_and_the_lm_head_is_packed(model_path, tied):
+def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     config = replace(load_model_config(model_path), tie_word_embeddings=tied)
     model = LlamaForCausalLM(config, TPGroup())
-    assert prepack_linears(model) == packed_weight_bytes(config, 4)
-    packed = [name for name, module in model.named_modules() if getattr(module, "packed", None) is not None]
-    assert len(packed) == 4 * config.num_layers + 1 and "lm_head" in packed
+    packed_bytes = prepack_linears(model)
+    packed = {name for name, module in model.named_modules() if getattr(module, "packed", None) is not None}
+    layer = "model.layers.0."
+    # SmolLM2: qkv 960 x 576, gate_up 3072 x 576, down 576 x 1536 and the LM head are large enough;
+    # o_proj (576 x 576) stays on F.linear
+    expected = {layer + "self_attn.qkv_proj", layer + "mlp.gate_up_proj", layer + "mlp.down_proj"}
+    assert {name for name in packed if name.startswith(layer)} == expected
+    assert len(packed) == 3 * config.num_layers + 1 and "lm_head" in packed
+    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    assert packed_bytes == packed_weight_bytes(config, 4) - config.num_layers * o_proj.numel() * 4
     # a tied LM head still shares the embedding's plain weight: only the packed copy is extra
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+
+
+def test_small_weights_stay_unpacked():
+    small = nn.Sequential(RowParallelLinear(PACK_MIN_PARAMS // 64 - 1, 64, TPGroup()))
+    assert prepack_linears(small) == 0 and small[0].packed is None
