@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from radixcluster.bench.machine import cpu_model, load_average
-from radixcluster.worker.packed_linear import PACK_FOR_ROWS, pack_weight
+from radixcluster.worker.packed_linear import PACK_FOR_ROWS, PACK_MIN_PARAMS, pack_weight
 
 # the timer: time.process_time (--clock cpu) or time.perf_counter (--clock wall)
 CLOCK = [time.process_time]
@@ -70,12 +70,20 @@ def measure(dtype: torch.dtype, repeats: int) -> Results:
 
 def step_speedup(results: Results, rows: int) -> float | None:
     """The packed weights' speed-up on all of a step's linear work at M rows: 30 layers of the
-    four projections plus the LM head, each weighted by its time."""
-    if any(results[name, rows][1] is None for name in SHAPES):
+    four projections plus the LM head, each weighted by its time; weights under PACK_MIN_PARAMS
+    run F.linear either way, as in the server."""
+    if results["lm_head", rows][1] is None:
         return None
-    plain = sum(LAYERS * results[name, rows][0] for name in LAYER_SHAPES) + results["lm_head", rows][0]
-    fast = sum(LAYERS * results[name, rows][1] for name in LAYER_SHAPES) + results["lm_head", rows][1]
+    counts = {name: LAYERS for name in LAYER_SHAPES} | {"lm_head": 1}
+    plain = sum(count * results[name, rows][0] for name, count in counts.items())
+    fast = sum(count * results[name, rows][_packs(name)] for name, count in counts.items())
     return plain / fast
+
+
+def _packs(name: str) -> int:
+    """1 (the packed time) for shapes the server packs, 0 (F.linear's) for the others."""
+    out_features, in_features = SHAPES[name]
+    return int(out_features * in_features >= PACK_MIN_PARAMS)
 
 
 def table(results: Results) -> str:
@@ -87,7 +95,11 @@ def table(results: Results) -> str:
             cells.append(f"{plain * 1e3:.3g} ms, " + ("n/a" if fast is None else f"{plain / fast:.2f}x"))
         lines.append(f"| {name} {list(shape)} | " + " | ".join(cells) + " |")
     speedups = [step_speedup(results, rows) for rows in ROWS]
-    lines.append("| a step (30 layers + LM head) | " + " | ".join(_cell(v) for v in speedups) + " |")
+    lines.append(
+        f"| a step (30 layers + LM head; weights under {PACK_MIN_PARAMS:,} unpacked) | "
+        + " | ".join(_cell(v) for v in speedups)
+        + " |"
+    )
     return "\n".join(lines)
 
 

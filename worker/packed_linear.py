@@ -17,14 +17,12 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows, F.linear the
-# others: MKL's gemv beats it at one row (0.5-0.7x packed on every projection here), and on
-# the AMX Xeon of the profile MKL/oneDNN's own packing won at 2048 rows (packed 0.75x fp32,
-# 0.48x bf16; 2.07x at 7 rows, 1.46x at 32). On the 2-core AVX2 EPYC, float32, 1 thread, a
-# step's linear work ran 1.3-1.5x faster packed at 2-8 rows, 1.2x at 32, 1.1x from 64 to
-# 2048 (benchmarks/bench_linear.py; docs/BENCHMARKS.md "Linear layers"): 256 keeps both
-# machines on the winning side of their crossover.
+# others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU time (benchmarks/bench_linear.py,
+# docs/BENCHMARKS.md "Linear layers"), a step's linear work ran 0.87x packed at 1 row (MKL's
+# gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and 0.93-0.95x from 256 to 2048; on the
+# AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32, 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
 PACKED_MIN_ROWS = 2
-PACKED_MAX_ROWS = 256
+PACKED_MAX_ROWS = 128
 # The batch size oneDNN chooses the blocked layout for (its "probe" M).
 PACK_FOR_ROWS = 32
 # Smaller weights stay unpacked: a packed call costs ~25 us more than F.linear's ~4 us before
