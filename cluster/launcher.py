@@ -16,7 +16,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from radixcluster.process_tree import descendants, kill_survivors
-from radixcluster.replica_plan import Plan, make_plan
+from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.router.api.context import API_DRAIN_S
 from radixcluster.server_args import ServerArgs
 
@@ -114,8 +114,8 @@ class Launcher:
         self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
-            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
-            f"KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
+            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
+            f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
             file=sys.stderr,
             flush=True,
         )
@@ -154,9 +154,10 @@ class Launcher:
         from radixcluster.worker.worker_process import WorkerConfig
 
         args = self.args
-
         dtype = getattr(torch, plan.dtype)
-        threads = max(1, (os.cpu_count() or 1) // args.tp_size)
+        threads = plan.cpus.threads_per_rank
+        # cores are pinned for CPU ranks only: a GPU rank's threads just feed its device
+        rank_cpus = plan.cpus.rank_cpus if plan.device == "cpu" else None
         return [
             WorkerConfig(
                 runner=RunnerConfig(
@@ -170,10 +171,12 @@ class Launcher:
                     dtype=dtype,
                     device=plan.device,
                     attention_backend=self.attention_backend,
+                    prepack_weights=plan.prepack_weights,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
                 num_threads=threads,
+                env=omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
             )
             for rank in range(args.tp_size)
         ]
@@ -239,6 +242,18 @@ class Launcher:
         kill_survivors(started, SURVIVOR_GRACE_S)
         if self.plan is not None:
             shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def _dtype_note(plan: Plan) -> str:
+    """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
+    oneDNN and ATen then convert every operand, and float32 is faster."""
+    import torch
+
+    if plan.device != "cpu" or plan.dtype != "bfloat16":
+        return ""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return ""
+    return ", emulated on this CPU: float32 is faster here"
 
 
 def configure_logging(level: str) -> None:

@@ -17,6 +17,7 @@ from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
 from radixcluster.worker.kv_pool import KVPool
 from radixcluster.worker.llama import LlamaForCausalLM
+from radixcluster.worker.packed_linear import prepack_linears
 from radixcluster.worker.parallel import TPGroup
 from radixcluster.worker.sampler import sample
 from radixcluster.worker.weights import iter_weights
@@ -29,7 +30,8 @@ class RunnerConfig:
     """What one rank runs: the model, its place in the TP group, and the KV pool's size.
     ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``attention_backend`` is
     ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
-    ``torch``, ``native`` or ``triton``."""
+    ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
+    the linear weights on CPU (packed_linear.py)."""
 
     model_path: Path
     tp_rank: int = 0
@@ -41,6 +43,7 @@ class RunnerConfig:
     dtype: torch.dtype | None = None
     device: str = "cpu"
     attention_backend: str = "auto"
+    prepack_weights: bool = True
 
 
 @dataclass(slots=True)
@@ -73,6 +76,8 @@ class ModelRunner:
             self.model.load_weights(
                 weights if weights is not None else iter_weights(config.model_path, self.model_config)
             )
+        if config.prepack_weights and self.device.type == "cpu":
+            prepack_linears(self.model)
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
             num_pages=config.num_pages,

@@ -1,11 +1,27 @@
-"""Sizing a replica: dtype by device, weights, and KV pages from memory (pure functions)."""
+"""Sizing a replica: dtype by device, weights, KV pages from memory, and CPUs per rank from the
+affinity set and the cgroup quota (pure functions; cgroup trees are real files under tmp_path)."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
-from radixcluster.replica_plan import DTYPE_BYTES, choose_dtype, plan_kv_pages, weight_bytes
+from radixcluster.replica_plan import (
+    DTYPE_BYTES,
+    CpuPlan,
+    cgroup_cpu_limit,
+    choose_dtype,
+    omp_env,
+    packed_weight_bytes,
+    parse_cfs_quota,
+    parse_cpu_max,
+    plan_cpus,
+    plan_kv_pages,
+    prepacks_weights,
+    weight_bytes,
+)
 from radixcluster.server_args import ServerArgs
 
 GIB = 2**30
@@ -47,6 +63,24 @@ def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
     assert gpu_three > gpu_one  # every GPU holds a shard of the weights and a third of the heads
 
 
+def test_packed_weights_are_the_linear_layers_and_one_lm_head(cfg):
+    assert packed_weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+
+
+def test_prepacked_copies_come_out_of_the_kv_pool(cfg):
+    plain = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+    packed = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB, prepack=True)
+    assert plain - packed == pytest.approx(packed_weight_bytes(cfg, 4) / cfg.kv_bytes_per_token(1, 4), abs=1)
+
+
+def test_cpu_prepacks_unless_disabled_or_short_of_memory(cfg):
+    assert prepacks_weights(ServerArgs(), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(disable_weight_prepack=True), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(), cfg, "cuda", 2, 80 * GIB)
+    # 0.2 x 4 GiB leaves 321 MB after the 538 MB of weights: the 538 MB copy would not fit
+    assert not prepacks_weights(ServerArgs(), cfg, "cpu", 4, 4 * GIB)
+
+
 def test_max_total_tokens_overrides_memory(cfg):
     args = ServerArgs(max_total_tokens=3000, page_size=16)
     assert plan_kv_pages(args, cfg, "cpu", 4, 1 * GIB) == 3000 // 16
@@ -61,3 +95,76 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
 def test_no_room_after_the_weights_says_so(cfg):
     with pytest.raises(ValueError, match="no room for a KV cache"):
         plan_kv_pages(ServerArgs(mem_fraction_static=0.1), cfg, "cpu", 4, 2 * GIB)
+
+
+def test_cgroup_v2_cpu_max_is_quota_over_period():
+    assert parse_cpu_max("150000 100000\n") == 1.5
+    assert parse_cpu_max("200000 50000") == 4.0
+    assert parse_cpu_max("max 100000\n") is None
+
+
+def test_cgroup_v1_quota_of_minus_one_is_no_limit():
+    assert parse_cfs_quota("-1\n", "100000\n") is None
+    assert parse_cfs_quota("250000", "100000") == 2.5
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limit_is_the_tightest_of_the_cgroup_and_its_ancestors(tmp_path):
+    _write(tmp_path / "kubepods" / "cpu.max", "300000 100000\n")
+    _write(tmp_path / "kubepods" / "pod1" / "cpu.max", "max 100000\n")
+    _write(tmp_path / "kubepods" / "pod1" / "app" / "cpu.max", "max 100000\n")
+    assert cgroup_cpu_limit("0::/kubepods/pod1/app\n", tmp_path) == 3.0
+    _write(tmp_path / "kubepods" / "pod1" / "cpu.max", "150000 100000\n")
+    assert cgroup_cpu_limit("0::/kubepods/pod1/app\n", tmp_path) == 1.5
+
+
+def test_cgroup_v1_limit_is_read_from_the_cpu_controller(tmp_path):
+    proc_self_cgroup = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n"
+    _write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "200000\n")
+    _write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000\n")
+    _write(tmp_path / "memory" / "docker" / "abc" / "cpu.cfs_quota_us", "100000\n")  # not the cpu controller
+    _write(tmp_path / "memory" / "docker" / "abc" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_limit(proc_self_cgroup, tmp_path) == 2.0
+
+
+def test_no_cgroup_files_mean_no_limit(tmp_path):
+    assert cgroup_cpu_limit("0::/\n", tmp_path) is None
+    assert cgroup_cpu_limit("", tmp_path) is None
+    _write(tmp_path / "cpu" / "cpu.cfs_quota_us", "-1\n")
+    _write(tmp_path / "cpu" / "cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_limit("1:cpu:/\n", tmp_path) is None
+
+
+def test_each_rank_gets_its_own_cores_when_there_are_enough():
+    assert plan_cpus({0, 1}, None, 1) == CpuPlan(2, [[0, 1]])
+    assert plan_cpus({3, 1, 2, 0}, None, 2) == CpuPlan(2, [[0, 1], [2, 3]])
+    assert plan_cpus(range(5), None, 2) == CpuPlan(2, [[0, 1], [2, 3]])
+
+
+def test_fewer_cores_than_ranks_run_one_unpinned_thread_each():
+    assert plan_cpus({0, 1}, None, 3) == CpuPlan(1, None)
+
+
+def test_a_quota_caps_the_threads_and_pins_nothing():
+    assert plan_cpus(range(64), 2.5, 1) == CpuPlan(2, None)
+    assert plan_cpus(range(64), 0.5, 2) == CpuPlan(1, None)
+    assert plan_cpus({0, 1}, 4.0, 1) == CpuPlan(2, [[0, 1]])  # a quota above the cores changes nothing
+
+
+@given(st.sets(st.integers(0, 255), min_size=1, max_size=64), st.integers(1, 8))
+def test_pinned_ranks_never_share_a_core_and_match_their_thread_count(cpus, tp_size):
+    plan = plan_cpus(cpus, None, tp_size)
+    assert plan.threads_per_rank >= 1
+    if plan.rank_cpus is not None:
+        used = [cpu for rank in plan.rank_cpus for cpu in rank]
+        assert len(used) == len(set(used)) and set(used) <= cpus
+        assert all(len(rank) == plan.threads_per_rank for rank in plan.rank_cpus)
+
+
+def test_omp_env_binds_one_thread_per_core():
+    assert omp_env(2, [4, 5]) == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{4},{5}", "OMP_PROC_BIND": "close"}
+    assert omp_env(1, None) == {"OMP_NUM_THREADS": "1"}

@@ -11,8 +11,9 @@ import torch
 from radixcluster.protocol import StepResult, decode, encode
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from support.paged_batches import Extend, PageBook
+from support.reference_prompts import RUNNER_NEW_TOKENS, RUNNER_PROMPTS
 
-PROMPTS = ["The three primary colors are", "List the planets of the solar system:\n1."]
+PROMPTS = RUNNER_PROMPTS
 
 
 def runner_config(model_path, page_size: int = 16, attention_backend: str = "auto") -> RunnerConfig:
@@ -47,13 +48,15 @@ def test_greedy_continuations_match_generate(runner, backend, model_path, hf_mod
     # frames cross a real encode/decode, as they do between router and worker
     result = runner.step(decode(encode(book.batch([Extend(slot, p, 0) for slot, p in enumerate(prompts)]))))
     outputs = [[int(t)] for t in result.next_token_ids]
-    for _ in range(31):
+    for _ in range(RUNNER_NEW_TOKENS - 1):
         batch = [Extend(slot, [out[-1]], len(p) + len(out) - 1) for slot, (p, out) in enumerate(zip(prompts, outputs))]
         result = runner.step(decode(encode(book.batch(batch))))
         for out, token in zip(outputs, result.next_token_ids):
             out.append(int(token))
     for prompt, ours in zip(prompts, outputs):
-        expected = hf_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
+        expected = hf_model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=RUNNER_NEW_TOKENS, min_new_tokens=RUNNER_NEW_TOKENS
+        )
         assert ours == expected[0, len(prompt) :].tolist()
 
 
