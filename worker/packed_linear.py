@@ -58,8 +58,10 @@ def prepack_linears(model: nn.Module) -> int:
     dtype here)."""
     total = 0
     for module in model.modules():
-        if hasattr(module, "packed") and module.weight.numel() >= PACK_MIN_PARAMS:
-            module.packed = pack_weight(module.weight)
-            if module.packed is not None:
-                total += module.weight.numel() * module.weight.element_size()
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "packed") and isinstance(weight, torch.Tensor) and weight.numel() >= PACK_MIN_PARAMS:
+            packed = pack_weight(weight)
+            setattr(module, "packed", packed)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
+            if packed is not None:
+                total += weight.numel() * weight.element_size()
     return total
