@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
-from radixcluster.replica_plan import Plan, make_plan
+from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -50,6 +50,24 @@ def _join_or_kill(process: BaseProcess, grace_s: float) -> None:
         process.join()
 
 
+def _attention_backend(requested: str, device: str) -> tuple[str, str]:
+    """The backend the ranks get, and its words for the start-up line. On the CPU the native
+    kernels are built here, once, before the ranks load them; ``auto`` falls back to torch
+    with one line saying why, an explicit ``native`` refuses to start."""
+    if device != "cpu" or requested not in ("auto", "native"):
+        return requested, f"attention {requested}"
+    from radixcluster.kernels import native
+
+    try:
+        isa = native.load()
+    except native.NativeBuildError as exc:
+        if requested == "native":
+            raise ValueError(f"--attention-backend native: the native CPU kernels are unavailable: {exc}") from exc
+        native.say_unavailable(str(exc))
+        return "torch", "attention torch"
+    return "native", f"attention native ({isa} kernels)"
+
+
 class _StopDuringStartup(Exception):
     """SIGTERM or Ctrl-C arrived while the replica was still starting."""
 
@@ -66,6 +84,7 @@ class Launcher:
         self.api: BaseProcess | None = None
         self.stopping = threading.Event()
         self.started = False
+        self.attention_backend = args.attention_backend
 
     def run(self) -> int:
         self._handle_signals()
@@ -100,14 +119,15 @@ class Launcher:
 
         args = self.args
         self.plan = plan = make_plan(args)
+        self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
-            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
-            f"KV pool {plan.num_pages * args.page_size} tokens; radix cache {cache}",
+            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
+            f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
             file=sys.stderr,
             flush=True,
         )
-        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=plan.cpus)
+        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, num_cpus=plan.cpus.usable)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
         addresses = RouterAddresses(
@@ -144,9 +164,10 @@ class Launcher:
         from radixcluster.worker.worker_process import WorkerConfig
 
         args = self.args
-
         dtype = getattr(torch, plan.dtype)
-        threads = max(1, plan.cpus // args.tp_size)
+        threads = plan.cpus.threads_per_rank
+        # cores are pinned for CPU ranks only: a GPU rank's threads just feed its device
+        rank_cpus = plan.cpus.rank_cpus if plan.device == "cpu" else None
         return [
             WorkerConfig(
                 runner=RunnerConfig(
@@ -159,11 +180,13 @@ class Launcher:
                     max_context_len=plan.context_length,
                     dtype=dtype,
                     device=plan.device,
-                    attention_backend=args.attention_backend,
+                    attention_backend=self.attention_backend,
+                    prepack_weights=plan.prepack_weights,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
                 num_threads=threads,
+                env=omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
             )
             for rank in range(args.tp_size)
         ]
@@ -249,6 +272,18 @@ class Launcher:
         kill_survivors(started, SURVIVOR_GRACE_S)
         if self.plan is not None:
             shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def _dtype_note(plan: Plan) -> str:
+    """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
+    oneDNN and ATen then convert every operand, and float32 is faster."""
+    import torch
+
+    if plan.device != "cpu" or plan.dtype != "bfloat16":
+        return ""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return ""
+    return ", emulated on this CPU: float32 is faster here"
 
 
 def configure_logging(level: str) -> None:

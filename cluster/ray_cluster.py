@@ -28,9 +28,14 @@ class RayWorkers:
 
 
 def quiet_ray_env() -> None:
-    """No usage stats, no log deduplication."""
+    """No usage stats, no log deduplication, no idle workers started ahead (our actors need their
+    own environment, so none would be used) and no Ray metrics (we export our own): on a 2-core
+    host every process counts."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_enable_worker_prestart", "0")
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
 
 
 def private_ray_env() -> None:
@@ -111,6 +116,7 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
             num_gpus=bundle.get("GPU", 0),
             resources={key: value for key, value in bundle.items() if key.startswith("node:")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+            runtime_env={"env_vars": cfg.env} if cfg.env else None,
         ).remote(cfg)
         for i, cfg in enumerate(worker_configs)
     ]

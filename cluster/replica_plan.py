@@ -1,9 +1,10 @@
 """What every process of one replica must agree on, decided once before anything starts: the
-device, the dtype, the context length, the KV pool's size in pages and the CPUs to use.
+device, the dtype, the context length, the KV pool's size in pages, and the CPUs each TP rank
+computes on.
 
-The sizing is pure (memory is an argument), and so is reading a container's memory and CPU limits
-from its cgroup files, so both are unit-tested; ``make_plan`` reads the machine and the model once
-and calls them.
+The sizing is pure (memory, CPUs and cgroup files are arguments), and so is reading a container's
+memory and CPU limits from its cgroup files, so both are unit-tested; ``make_plan`` reads the
+machine and the model once and calls them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,17 @@ CGROUP_NO_MEMORY_LIMIT = 2**60
 # share of memory for weights + KV when --mem-fraction-static is not given: a GPU is ours alone;
 # a CPU host's RAM is shared with the router, the api, Ray and the operating system
 DEFAULT_MEM_FRACTION = {"cuda": 0.85, "cpu": 0.2}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuPlan:
+    """Compute threads per TP rank and, when the cores allow, each rank's own cores
+    (``rank_cpus[rank]``, disjoint); None: threads float over the usable CPUs."""
+
+    threads_per_rank: int
+    rank_cpus: list[list[int]] | None
+    usable: int  # all the ranks' threads together may keep this many busy (what Ray is told)
 
 
 @dataclass(slots=True)
@@ -38,7 +51,8 @@ class Plan:
     num_pages: int
     context_length: int
     runtime_dir: str
-    cpus: int  # what Ray may schedule and the ranks' threads share
+    cpus: CpuPlan
+    prepack_weights: bool
 
     def address(self, name: str) -> str:
         return f"ipc://{self.runtime_dir}/{name}"
@@ -53,23 +67,53 @@ def choose_dtype(requested: str, device: str) -> str:
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     """Bytes of the model's weights (all ranks together)."""
-    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
     embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-    return (cfg.num_layers * (attn + mlp) + embed) * dtype_bytes
+    return (cfg.num_layers * _layer_linear_params(cfg) + embed) * dtype_bytes
 
 
-def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> int:
-    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
-    ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
-    weights."""
-    if args.max_total_tokens is not None:
-        return args.max_total_tokens // args.page_size
+def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together),
+    at most: the workers leave small weights unpacked."""
+    return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
+
+
+def _layer_linear_params(cfg: ModelConfig) -> int:
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    return attn + 3 * cfg.hidden_size * cfg.intermediate_size
+
+
+def _kv_budget(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> float:
+    """Bytes one rank has for its KV pool after its shard of the weights."""
     fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
     ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
-    budget = fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
+    return fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
+
+
+def prepacks_weights(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> bool:
+    """CPU ranks keep oneDNN-packed copies of the linear weights unless told not to, or unless
+    the copies would take more than half of the memory left for the KV pool."""
+    if device != "cpu" or args.disable_weight_prepack:
+        return False
+    return (
+        packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
+        <= _kv_budget(args, cfg, device, dtype_bytes, memory_bytes) / 2
+    )
+
+
+def plan_kv_pages(
+    args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int, prepack: bool = False
+) -> int:
+    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
+    ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
+    weights (and, with ``prepack``, their packed copies)."""
+    if args.max_total_tokens is not None:
+        return args.max_total_tokens // args.page_size
+    budget = _kv_budget(args, cfg, device, dtype_bytes, memory_bytes)
+    if prepack:
+        budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
     tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
     if tokens < args.page_size * 2:
+        fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
         raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
     return tokens // args.page_size
 
@@ -92,11 +136,7 @@ def memory_bytes(device: str) -> int:
 
         return torch.cuda.mem_get_info()[1]
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        membership = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return host
-    limit = cgroup_memory_limit(membership, Path("/sys/fs/cgroup"))
+    limit = cgroup_memory_limit(_read(Path("/proc/self/cgroup")), CGROUP_ROOT)
     return host if limit is None else min(host, limit)
 
 
@@ -113,18 +153,6 @@ def cgroup_memory_limit(membership: str, cgroup_root: Path) -> int | None:
         if text.isdigit():
             limits.append(int(text))
     return min((limit for limit in limits if limit < CGROUP_NO_MEMORY_LIMIT), default=None)
-
-
-def cpu_count() -> int:
-    """The CPUs this process may use: those it may run on, fewer under a cgroup CPU quota
-    (``docker --cpus``, a pod's ``limits.cpu``), which throttles the threads beyond it."""
-    cpus = len(os.sched_getaffinity(0))
-    try:
-        membership = Path("/proc/self/cgroup").read_text()
-    except OSError:
-        return cpus
-    quota = cgroup_cpu_limit(membership, Path("/sys/fs/cgroup"))
-    return cpus if quota is None else max(1, min(cpus, math.ceil(quota)))
 
 
 def cgroup_cpu_limit(membership: str, cgroup_root: Path) -> float | None:
@@ -181,19 +209,50 @@ def _read(file: Path) -> str:
         return ""
 
 
+def plan_cpus(affinity: Iterable[int], cpu_limit: float | None, tp_size: int) -> CpuPlan:
+    """Split the CPUs this process may run on among the TP ranks. A quota below the affinity
+    set caps the thread count (at least one per rank) but pins nothing: which cores are ours
+    is then not known. Otherwise each rank gets its own run of cores when there is at least
+    one per rank; with fewer cores than ranks, one thread each, unpinned."""
+    cpus = sorted(affinity)
+    usable = len(cpus) if cpu_limit is None else min(len(cpus), max(1, math.floor(cpu_limit)))
+    threads = max(1, usable // tp_size)
+    if usable < len(cpus) or len(cpus) < tp_size:
+        return CpuPlan(threads, None, usable)
+    return CpuPlan(threads, [cpus[rank * threads : (rank + 1) * threads] for rank in range(tp_size)], usable)
+
+
+def omp_env(threads: int, cpus: list[int] | None) -> dict[str, str]:
+    """The OpenMP environment a rank's process must start with (libgomp reads it when torch
+    loads): its thread count and, given its cores, one thread bound to each."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if cpus is not None:
+        env |= {"OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in cpus), "OMP_PROC_BIND": "close"}
+    return env
+
+
+def machine_cpus(tp_size: int) -> CpuPlan:
+    """``plan_cpus`` for this process: its affinity and its cgroups' CPU quota."""
+    limit = cgroup_cpu_limit(_read(Path("/proc/self/cgroup")), CGROUP_ROOT)
+    return plan_cpus(os.sched_getaffinity(0), limit, tp_size)
+
+
 def make_plan(args: ServerArgs) -> Plan:
     path = resolve_model_path(args.model_path)
     cfg = load_model_config(path)
     device = resolve_device(args.device)
     dtype = choose_dtype(args.dtype, device)
+    memory = memory_bytes(device)
+    prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     return Plan(
         model_path=path,
         model_config=cfg,
         served_model_name=args.served_model_name or served_model_name(path),
         device=device,
         dtype=dtype,
-        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory_bytes(device)),
+        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack),
         context_length=args.context_length or cfg.max_position_embeddings,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
-        cpus=cpu_count(),
+        cpus=machine_cpus(args.tp_size),
+        prepack_weights=prepack,
     )

@@ -50,6 +50,7 @@ class ServerArgs:
     dtype: str = "auto"
     device: str = "auto"
     attention_backend: str = "auto"
+    disable_weight_prepack: bool = False
     api_key: str | None = None
     ray_address: str | None = None
     log_level: str = "warning"
@@ -139,7 +140,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default=d.attention_backend,
-        help="auto: Triton kernels on CUDA, the torch reference elsewhere",
+        help="auto: native kernels on CPU, Triton kernels on CUDA, the torch reference where neither can run",
+    )
+    parser.add_argument(
+        "--disable-weight-prepack",
+        action="store_true",
+        help="CPU: no oneDNN-prepacked copy of the linear weights (it speeds up decode-sized batches and doubles weight memory)",
     )
     parser.add_argument(
         "--api-key",

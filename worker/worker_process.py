@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,9 @@ class WorkerConfig:
     batch_address: str  # the router binds; rank 0 connects (PULL)
     result_address: str  # the router binds; rank 0 connects (PUSH)
     num_threads: int
+    # the environment this rank's process starts with (OpenMP threads and their cores): set
+    # before torch loads, so Ray applies it when it starts the actor's process
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class TPWorker:

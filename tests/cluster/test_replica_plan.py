@@ -1,5 +1,6 @@
-"""Sizing a replica: dtype by device, weights, KV pages from memory, and a container's memory and
-CPU limits read from fake cgroup (v1 and v2) files (pure functions)."""
+"""Sizing a replica: dtype by device, weights, KV pages from memory, a container's memory and CPU
+limits read from cgroup (v1 and v2) files, and CPUs per rank from the affinity set and the quota
+(pure functions; cgroup trees are real files under tmp_path)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import (
     DTYPE_BYTES,
+    CpuPlan,
     cgroup_cpu_limit,
     cgroup_memory_limit,
     choose_dtype,
-    cpu_count,
+    machine_cpus,
+    omp_env,
+    packed_weight_bytes,
+    plan_cpus,
     plan_kv_pages,
+    prepacks_weights,
     weight_bytes,
 )
 from radixcluster.server_args import ServerArgs
@@ -57,6 +65,24 @@ def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
     gpu_one = plan_kv_pages(ServerArgs(), cfg, "cuda", 2, 16 * GIB)
     gpu_three = plan_kv_pages(ServerArgs(tp_size=3), cfg, "cuda", 2, 16 * GIB)
     assert gpu_three > gpu_one  # every GPU holds a shard of the weights and a third of the heads
+
+
+def test_packed_weights_are_the_linear_layers_and_one_lm_head(cfg):
+    assert packed_weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+
+
+def test_prepacked_copies_come_out_of_the_kv_pool(cfg):
+    plain = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+    packed = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB, prepack=True)
+    assert plain - packed == pytest.approx(packed_weight_bytes(cfg, 4) / cfg.kv_bytes_per_token(1, 4), abs=1)
+
+
+def test_cpu_prepacks_unless_disabled_or_short_of_memory(cfg):
+    assert prepacks_weights(ServerArgs(), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(disable_weight_prepack=True), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(), cfg, "cuda", 2, 80 * GIB)
+    # 0.2 x 4 GiB leaves 321 MB after the 538 MB of weights: the 538 MB copy would not fit
+    assert not prepacks_weights(ServerArgs(), cfg, "cpu", 4, 4 * GIB)
 
 
 def test_max_total_tokens_overrides_memory(cfg):
@@ -144,5 +170,37 @@ def test_cgroup_v1_cpu_quota_and_no_quota(tmp_path: Path):
     assert cgroup_cpu_limit("", tmp_path) is None
 
 
-def test_the_cpus_to_use_are_at_most_those_this_process_may_run_on():
-    assert 1 <= cpu_count() <= len(os.sched_getaffinity(0))
+def test_this_process_uses_at_most_the_cpus_it_may_run_on():
+    plan = machine_cpus(1)
+    assert 1 <= plan.threads_per_rank <= plan.usable <= len(os.sched_getaffinity(0))
+
+
+def test_each_rank_gets_its_own_cores_when_there_are_enough():
+    assert plan_cpus({0, 1}, None, 1) == CpuPlan(2, [[0, 1]], 2)
+    assert plan_cpus({3, 1, 2, 0}, None, 2) == CpuPlan(2, [[0, 1], [2, 3]], 4)
+    assert plan_cpus(range(5), None, 2) == CpuPlan(2, [[0, 1], [2, 3]], 5)
+
+
+def test_fewer_cores_than_ranks_run_one_unpinned_thread_each():
+    assert plan_cpus({0, 1}, None, 3) == CpuPlan(1, None, 2)
+
+
+def test_a_quota_caps_the_threads_and_pins_nothing():
+    assert plan_cpus(range(64), 2.5, 1) == CpuPlan(2, None, 2)
+    assert plan_cpus(range(64), 0.5, 2) == CpuPlan(1, None, 1)
+    assert plan_cpus({0, 1}, 4.0, 1) == CpuPlan(2, [[0, 1]], 2)  # a quota above the cores changes nothing
+
+
+@given(st.sets(st.integers(0, 255), min_size=1, max_size=64), st.integers(1, 8))
+def test_pinned_ranks_never_share_a_core_and_match_their_thread_count(cpus, tp_size):
+    plan = plan_cpus(cpus, None, tp_size)
+    assert plan.threads_per_rank >= 1
+    if plan.rank_cpus is not None:
+        used = [cpu for rank in plan.rank_cpus for cpu in rank]
+        assert len(used) == len(set(used)) and set(used) <= cpus
+        assert all(len(rank) == plan.threads_per_rank for rank in plan.rank_cpus)
+
+
+def test_omp_env_binds_one_thread_per_core():
+    assert omp_env(2, [4, 5]) == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{4},{5}", "OMP_PROC_BIND": "close"}
+    assert omp_env(1, None) == {"OMP_NUM_THREADS": "1"}
