@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 install: $(VENV)/.installed
+	# the native CPU kernels, compiled once into the environment (a no-op when built); if they
+	# cannot be, the server says so in one line and runs the torch path
+	$(PY) -m radixcluster.kernels.native build || true
 
 serve: install
 	$(VENV)/bin/radixcluster up $(ARGS)

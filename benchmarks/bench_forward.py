@@ -1,26 +1,47 @@
-"""Forward-pass speed of our paged-KV Llama against transformers' on the same model, dtype
-(float32) and torch threads: prefill tokens/s and decode steps/s at batch 1 and 16.
+"""Forward-pass speed on the embedded SmolLM2-135M, the attention backends side by side.
 
-Run: .venv/bin/python benchmarks/bench_forward.py [--repeats 5] [--decode-steps 16]
-Each measurement alternates transformers and ours, so load from other processes hits both.
+Run: .venv/bin/python benchmarks/bench_forward.py [--sections split kernels transformers] [--repeats 5] [--threads N]
+
+- split: one decode step of the shared-prefix workload (32 requests, 8 groups x 4 sharing 620
+  tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
+  median wall time and its attention / linear / other split (torch.profiler).
+- kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
+  shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
+- transformers: our runner (torch attention, page size 16) against transformers' forward.
+Every measurement alternates the things compared, so load from other processes hits both;
+figures are medians, and on a shared machine only the ratios mean much.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "worker"))
-from paged_batches import Extend, PageBook  # noqa: E402
+ROOT = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(ROOT.parent / "tests")]
+from shared_prefix_step import Workload, decode_tables, groups_of  # noqa: E402
 
+from radixcluster.kernels.attention import build_attention_metadata, paged_attention  # noqa: E402
+from radixcluster.kernels.attention_backend import select_attention_backend  # noqa: E402
+from radixcluster.model_config import load_model_config  # noqa: E402
 from radixcluster.model_path import embedded_model_path  # noqa: E402
+from radixcluster.protocol import ForwardBatch  # noqa: E402
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from radixcluster.worker.weights import iter_weights  # noqa: E402
+from support.paged_batches import Extend, PageBook, greedy_sampling  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BACKENDS = ("torch", "native")
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -29,79 +50,258 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-class Pair:
-    """transformers' model and our runner holding the same weights."""
+def alternating(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run in turn ``repeats`` times after one warm-up."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
-    def __init__(self, max_context: int, max_batch: int) -> None:
-        from transformers import AutoModelForCausalLM
 
-        path = embedded_model_path()
-        self.hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-        config = RunnerConfig(
-            model_path=path,
-            num_pages=max_batch * max_context // 16 + 1,
-            page_size=16,
-            max_slots=max_batch,
-            max_context_len=max_context,
+# ---------------------------------------------------------------- the decode-step split
+
+
+def decode_runner(backend: str, dtype: torch.dtype, w: Workload, weights: list) -> ModelRunner:
+    """A runner whose KV pool holds the workload (random K/V), each layer's attention call
+    marked for the profiler."""
+    runner = ModelRunner(
+        RunnerConfig(
+            model_path=embedded_model_path(),
+            num_pages=w.rows,
+            page_size=1,
+            max_slots=w.batch,
+            max_context_len=w.context + 1,
+            dtype=dtype,
+            attention_backend=backend,
+        ),
+        weights=weights,
+    )
+    gen = torch.Generator().manual_seed(0)
+    for cache in (*runner.kv_pool.k, *runner.kv_pool.v):
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+    runner.kv_pool.page_table[: w.batch] = torch.from_numpy(decode_tables(w))
+    attention = runner.attention
+
+    def marked(*args: object) -> torch.Tensor:
+        with record_function("attention"):
+            return attention.paged_attention(*args)
+
+    for layer in runner.model.model.layers:
+        layer.self_attn.attention = dataclasses.replace(attention, paged_attention=marked)
+    return runner
+
+
+def decode_batch(w: Workload, vocab: int) -> ForwardBatch:
+    groups, lens = groups_of(w)
+    none = np.zeros(0, dtype=np.int32)
+    return ForwardBatch(
+        step_id=1,
+        input_ids=np.random.default_rng(0).integers(3, vocab, w.batch, dtype=np.int32),
+        positions=np.full(w.batch, w.context, dtype=np.int32),
+        slots=np.arange(w.batch, dtype=np.int32),
+        prefix_lens=np.full(w.batch, w.context, dtype=np.int32),
+        extend_lens=np.ones(w.batch, dtype=np.int32),
+        table_slots=none,
+        table_starts=none,
+        table_counts=none,
+        table_pages=none,
+        sampling=greedy_sampling(w.batch),
+        prefix_groups=groups,
+        prefix_group_lens=lens,
+    )
+
+
+def step_split(runner: ModelRunner, batch: ForwardBatch) -> tuple[float, float]:
+    """Shares of one profiled step spent in attention and in linear layers."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("step"):
+            runner.forward(batch)
+    totals = {e.key: e.cpu_time_total for e in prof.key_averages()}
+    linear = sum(t for name, t in totals.items() if "linear" in name)
+    return totals["attention"] / totals["step"], linear / totals["step"]
+
+
+def run_split(w: Workload, repeats: int) -> None:
+    print(
+        f"\n## decode step: {w.batch} requests, {w.groups} groups x {w.per_group} sharing {w.shared} tokens, context {w.context}, page size 1"
+    )
+    print("| dtype | backend | step ms | attention | linear | other | step speed-up |")
+    print("|---|---|---|---|---|---|---|")
+    path = embedded_model_path()
+    weights = list(iter_weights(path, load_model_config(path)))
+    for label, dtype in DTYPES.items():
+        runners = {b: decode_runner(b, dtype, w, weights) for b in BACKENDS}
+        batch = decode_batch(w, runners["torch"].model_config.vocab_size)
+        with torch.inference_mode():
+            times = alternating({b: partial(r.forward, batch) for b, r in runners.items()}, repeats)
+            for b, runner in runners.items():
+                attention, linear = step_split(runner, batch)
+                speedup = times["torch"] / times[b]
+                print(
+                    f"| {label} | {b} | {times[b] * 1e3:.1f} | {attention:.0%} | {linear:.0%} "
+                    f"| {1 - attention - linear:.0%} | {speedup:.2f}x |"
+                )
+
+
+# ---------------------------------------------------------------- the kernel microbench
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shape:
+    name: str
+    prefix: list[int]  # per request
+    new: list[int]
+    shared: int  # tokens every request shares (0: none)
+
+
+def shapes(w: Workload) -> list[Shape]:
+    return [
+        Shape(
+            f"decode B={w.batch} ctx {w.context + 1}, {w.groups}x{w.per_group} shared {w.shared}",
+            [w.context] * w.batch,
+            [1] * w.batch,
+            w.shared,
+        ),
+        Shape(f"extend {w.shared + w.question}, prefix 0", [0], [w.shared + w.question], 0),
+        Shape(
+            f"{w.per_group * 2} x extend {w.question} over shared {w.shared}",
+            [w.shared] * (w.per_group * 2),
+            [w.question] * (w.per_group * 2),
+            w.shared,
+        ),
+    ]
+
+
+def kernel_inputs(shape: Shape, w: Workload, dtype: torch.dtype, heads: tuple[int, int, int]):
+    """q, caches and the page table of one shape; decodes use the workload's layout."""
+    num_heads, kv_heads, head_dim = heads
+    gen = torch.Generator().manual_seed(0)
+    if shape.new[0] == 1:
+        table = torch.from_numpy(decode_tables(w))
+        groups, lens = groups_of(w)
+        rows = w.rows
+    else:
+        n = len(shape.new)
+        prefix, new = shape.prefix[0], shape.new[0]
+        rows = 1 + prefix + n * new
+        table = torch.zeros(n, prefix + new, dtype=torch.int32)
+        table[:, :prefix] = torch.arange(1, prefix + 1, dtype=torch.int32)
+        for b in range(n):
+            table[b, prefix:] = torch.arange(1 + prefix + b * new, 1 + prefix + (b + 1) * new)
+        groups = np.zeros(n, dtype=np.int32) if shape.shared else None
+        lens = np.array([shape.shared], dtype=np.int32) if shape.shared else None
+    k = torch.randn(rows, 1, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(rows, 1, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(sum(shape.new), num_heads, head_dim, generator=gen).to(dtype)
+    return q, k, v, table, torch.tensor(shape.prefix), torch.tensor(shape.new), groups, lens
+
+
+def run_kernels(w: Workload, repeats: int) -> None:
+    config = load_model_config(embedded_model_path())
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    native = select_attention_backend("cpu", "native", config.head_dim)
+    print(
+        f"\n## one layer's attention ({heads[0]} heads, {heads[1]} KV heads, head_dim {heads[2]}; native kernels: {native.detail})"
+    )
+    print("| shape | dtype | torch ms | native ms | speed-up | max abs diff |")
+    print("|---|---|---|---|---|---|")
+    scale = config.head_dim**-0.5
+    for shape in shapes(w):
+        for label, dtype in DTYPES.items():
+            q, k, v, table, prefix, new, groups, lens = kernel_inputs(shape, w, dtype, heads)
+            reference = build_attention_metadata(table, prefix, new, 1)
+            planned = build_attention_metadata(
+                table, prefix, new, 1, gather_rows=False, shared_groups=groups, shared_lens=lens
+            )
+            fns = {
+                "torch": partial(paged_attention, q, k, v, reference, scale),
+                "native": partial(native.paged_attention, q, k, v, planned, scale),
+            }
+            with torch.inference_mode():
+                times = alternating(fns, repeats)
+                diff = (fns["native"]().float() - fns["torch"]().float()).abs().max().item()
+            print(
+                f"| {shape.name} | {label} | {times['torch'] * 1e3:.2f} | {times['native'] * 1e3:.2f} "
+                f"| {times['torch'] / times['native']:.2f}x | {diff:.1e} |"
+            )
+
+
+# ---------------------------------------------------------------- against transformers
+
+
+def run_transformers(repeats: int, prefill_len: int = 512, context: int = 128, steps: int = 12) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = embedded_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    pages = 16 * (max(prefill_len, context + steps) + 16) // 16 + 1
+    config = RunnerConfig(
+        model_path=path,
+        num_pages=pages,
+        page_size=16,
+        max_slots=16,
+        max_context_len=prefill_len + context + steps,
+        attention_backend="torch",
+    )
+    ours = ModelRunner(config, weights=hf.state_dict().items())
+    gen = torch.Generator().manual_seed(0)
+    print("\n## against transformers (fp32, torch attention, page size 16)")
+    print("| measurement | transformers | ours | ours / transformers |")
+    print("|---|---|---|---|")
+    with torch.inference_mode():
+        ids = torch.randint(3, hf.config.vocab_size, (1, prefill_len), generator=gen)
+        batch = lambda: PageBook(16, pages).batch([Extend(0, ids[0].tolist(), 0)])  # noqa: E731
+        times = alternating({"hf": lambda: hf(ids), "ours": lambda: ours.forward(batch())}, repeats)
+        print(
+            f"| prefill {prefill_len} tokens (tok/s) | {prefill_len / times['hf']:.1f} | {prefill_len / times['ours']:.1f} | {times['hf'] / times['ours']:.2f} |"
         )
-        self.ours = ModelRunner(config, weights=self.hf.state_dict().items())
-        self.vocab = self.hf.config.vocab_size
+        for size in (1, 16):
+            hf_rate, our_rate = _decode_rates(hf, ours, pages, size, context, steps, gen)
+            print(f"| decode batch {size} (steps/s) | {hf_rate:.2f} | {our_rate:.2f} | {our_rate / hf_rate:.2f} |")
 
-    def prompts(self, batch: int, length: int) -> torch.Tensor:
-        return torch.randint(3, self.vocab, (batch, length), generator=torch.Generator().manual_seed(batch))
 
-    def prefill(self, length: int, repeats: int) -> tuple[float, float]:
-        """Median seconds of a ``length``-token prefill, transformers then ours."""
-        ids = self.prompts(1, length)
-        hf_times, our_times = [], []
-        for _ in range(repeats):
-            hf_times.append(timed(lambda: self.hf(ids)))
-            batch = PageBook(16, self.ours.config.num_pages).batch([Extend(0, ids[0].tolist(), 0)])
-            our_times.append(timed(lambda batch=batch: self.ours.forward(batch)))
-        return statistics.median(hf_times), statistics.median(our_times)
-
-    def decode(self, batch: int, context: int, steps: int) -> tuple[float, float]:
-        """Median seconds of one decode step of ``batch`` requests after ``context`` tokens."""
-        ids = self.prompts(batch, context)
-        out = self.hf(ids, use_cache=True)
+def _decode_rates(
+    hf, ours: ModelRunner, pages: int, batch: int, context: int, steps: int, gen: torch.Generator
+) -> tuple[float, float]:
+    ids = torch.randint(3, hf.config.vocab_size, (batch, context), generator=gen)
+    out = hf(ids, use_cache=True)
+    cache, hf_next = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+    book = PageBook(16, pages)
+    our_next = ours.forward(book.batch([Extend(b, ids[b].tolist(), 0) for b in range(batch)])).argmax(-1).tolist()
+    hf_times, our_times = [], []
+    for step in range(steps):
+        start = time.perf_counter()
+        out = hf(hf_next, past_key_values=cache, use_cache=True)
         cache, hf_next = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-        book = PageBook(16, self.ours.config.num_pages)
-        logits = self.ours.forward(book.batch([Extend(b, ids[b].tolist(), 0) for b in range(batch)]))
-        our_next = logits.argmax(-1).tolist()
-        hf_times, our_times = [], []
-        for step in range(steps):
-            start = time.perf_counter()
-            out = self.hf(hf_next, past_key_values=cache, use_cache=True)
-            cache, hf_next = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-            hf_times.append(time.perf_counter() - start)
-            fb = book.batch([Extend(b, [our_next[b]], context + step) for b in range(batch)])
-            start = time.perf_counter()
-            our_next = self.ours.forward(fb).argmax(-1).tolist()
-            our_times.append(time.perf_counter() - start)
-        return statistics.median(hf_times), statistics.median(our_times)
+        hf_times.append(time.perf_counter() - start)
+        fb = book.batch([Extend(b, [our_next[b]], context + step) for b in range(batch)])
+        start = time.perf_counter()
+        our_next = ours.forward(fb).argmax(-1).tolist()
+        our_times.append(time.perf_counter() - start)
+    return 1 / statistics.median(hf_times), 1 / statistics.median(our_times)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prefill-len", type=int, default=512)
-    parser.add_argument("--context", type=int, default=128, help="tokens before the decode steps")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--decode-steps", type=int, default=16)
-    args = parser.parse_args()
-    pair = Pair(max_context=max(args.prefill_len, args.context + args.decode_steps) + 16, max_batch=16)
-    rows = []
-    with torch.inference_mode():
-        hf, ours = pair.prefill(args.prefill_len, args.repeats)
-        rows.append((f"prefill {args.prefill_len} tok (tok/s)", args.prefill_len / hf, args.prefill_len / ours))
-        for batch in (1, 16):
-            hf, ours = pair.decode(batch, args.context, args.decode_steps)
-            rows.append((f"decode batch {batch} (steps/s)", 1 / hf, 1 / ours))
-    print(
-        f"torch threads: {torch.get_num_threads()}, dtype float32, median of {args.repeats} prefills / {args.decode_steps} steps"
+    parser.add_argument(
+        "--sections", nargs="+", choices=["split", "kernels", "transformers"], default=["split", "kernels"]
     )
-    print(f"{'':32} {'transformers':>13} {'ours':>10} {'ours/hf':>8}")
-    for name, hf_rate, our_rate in rows:
-        print(f"{name:32} {hf_rate:13.2f} {our_rate:10.2f} {our_rate / hf_rate:8.2f}")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    w = Workload()
+    print(f"torch threads: {torch.get_num_threads()}; medians of {args.repeats} alternating runs")
+    if "split" in args.sections:
+        run_split(w, args.repeats)
+    if "kernels" in args.sections:
+        run_kernels(w, args.repeats)
+    if "transformers" in args.sections:
+        run_transformers(args.repeats)
 
 
 if __name__ == "__main__":

@@ -151,9 +151,12 @@ def bench_model(repeats: int, batch: int = 16, new_tokens: int = 24) -> None:
     config = RouterConfig(
         model_path=path, served_model_name="bench", num_pages=pages, page_size=1, context_length=2048,
         max_running_requests=batch, chunked_prefill_size=8192, schedule_policy="fcfs", eviction_policy="lru",
-        enable_radix_cache=False, tp_size=1, device="cpu", dtype="float32",
+        enable_radix_cache=False, tp_size=1, device="cpu", dtype="float32", max_queued_requests=batch,
     )  # fmt: skip
     router = Router(config)
+    # compiled up front: the router compiles a new spec on its own thread, and its first steps
+    # would run while the batch still waits for it
+    router.grammars.compile("json_schema", json.dumps(SCHEMA))
 
     def decode_step_s(schema: str | None) -> float:
         for seed in range(batch):

@@ -3,11 +3,14 @@ kernel accuracy, the embedded model served end to end at tp 1, and step timings.
 
 Run on a CUDA machine: .venv/bin/python benchmarks/gpu_check.py [--port 30123]
 1. tests/kernels on the GPU (Triton compiled, float32 against the torch reference);
-2. the Triton kernels in bfloat16 and float32 against a float64 dense reference;
+2. the Triton kernels in bfloat16 and float32 against a float64 dense reference, shared-prefix
+   (cascade) decode groups included;
 3. `radixcluster up --device cuda --attention-backend triton`, one /generate, one chat
    completion, and greedy text equal to the torch backend's;
 4. decode ms/step at batch 1/8/64/256 (context 512) beside the HBM-bandwidth floor
-   (weights + KV read once per step), and prefill tokens/s.
+   (weights + KV read once per step), and prefill tokens/s;
+5. one layer's decode attention of 32 groups x 8 requests sharing 1,984 of 2,048 tokens, with
+   the cascade (shared prefix read once per group) against without.
 Prints one line per check; exits non-zero on the first failure.
 """
 
@@ -24,25 +27,32 @@ import httpx
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "kernels"), str(ROOT / "tests" / "worker")]
-from paged_batches import Extend, PageBook  # noqa: E402
-from paged_case import Case  # noqa: E402
-
+sys.path.insert(0, str(ROOT / "tests"))
+from radixcluster.kernels.attention import build_attention_metadata  # noqa: E402
 from radixcluster.kernels.triton_attention import triton_paged_attention  # noqa: E402
 from radixcluster.kernels.triton_kv_store import triton_store_kv  # noqa: E402
 from radixcluster.model_path import embedded_model_path  # noqa: E402
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from support.paged_batches import Extend, PageBook  # noqa: E402
+from support.paged_case import Case  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12  # H200 peak; the floor is this over the bytes one step must read
-BATCHES = [[(0, 300)], [(37, 129)], [(4000, 1)] * 4, [(0, 33), (511, 1), (64, 64), (1023, 1), (17, 2)]]
+# (requests' (prefix, new) lengths, shared-prefix groups)
+BATCHES = [
+    ([(0, 300)], []),
+    ([(37, 129)], []),
+    ([(4000, 1)] * 4, []),
+    ([(0, 33), (511, 1), (64, 64), (1023, 1), (17, 2)], []),
+    ([(700, 1)] * 6 + [(900, 1)] * 3, [([0, 1, 2, 3, 4, 5], 688), ([6, 7], 896)]),
+]
 TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
 
 
 def check_kernels_against_float64() -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        for lens in BATCHES:
+        for lens, groups in BATCHES:
             for page_size in (1, 16):
-                case = Case(lens, page_size, 9, 3, head_dim=64, dtype=torch.float64, device="cuda")
+                case = Case(lens, page_size, 9, 3, head_dim=64, dtype=torch.float64, device="cuda", groups=groups)
                 # the reference sees the inputs as rounded to dtype: only the kernels' error is left
                 _cast(case, lambda x, dtype=dtype: x.to(dtype).double())
                 expected = case.expected()
@@ -144,6 +154,41 @@ def time_steps(context: int = 512, decode_steps: int = 32) -> None:
     print(f"prefill {16 * context} tokens: {16 * context / (time.perf_counter() - start):.0f} tokens/s")
 
 
+def time_cascade(groups: int = 32, per_group: int = 8, context: int = 2048, shared: int = 1984) -> None:
+    batch, heads, kv_heads, head_dim = groups * per_group, 9, 3, 64
+    rows = groups * shared + batch * (context - shared + 1) + 1
+    k, v = (torch.randn(rows, 1, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.zeros(batch, context + 1, dtype=torch.int32)
+    own = context + 1 - shared
+    for b in range(batch):
+        table[b, :shared] = torch.arange(1 + (b // per_group) * shared, 1 + (b // per_group + 1) * shared)
+        table[b, shared:] = torch.arange(1 + groups * shared + b * own, 1 + groups * shared + (b + 1) * own)
+    q = torch.randn(batch, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    prefix, new = torch.full((batch,), context), torch.ones(batch, dtype=torch.int64)
+    group_of = torch.arange(batch).div(per_group, rounding_mode="floor").to(torch.int32).numpy()
+    lens = torch.full((groups,), shared, dtype=torch.int32).numpy()
+    ms, outs = {}, {}
+    for name, sharing in (("cascade", (group_of, lens)), ("per request", (None, None))):
+        meta = build_attention_metadata(
+            table, prefix, new, 1, "cuda", gather_rows=False, shared_groups=sharing[0], shared_lens=sharing[1]
+        )
+        out = triton_paged_attention(q, k, v, meta, head_dim**-0.5)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            triton_paged_attention(q, k, v, meta, head_dim**-0.5)
+        torch.cuda.synchronize()
+        ms[name] = (time.perf_counter() - start) / 20 * 1e3
+        outs[name] = out.float()
+    err = float((outs["cascade"] - outs["per request"]).abs().max())
+    assert err < 3e-2, f"cascade and per-request decode differ by {err}"
+    print(
+        f"decode attention, {groups} x {per_group} requests sharing {shared} of {context} tokens (bf16): "
+        f"cascade {ms['cascade']:.3f} ms, per request {ms['per request']:.3f} ms "
+        f"({ms['per request'] / ms['cascade']:.2f}x)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=30123)
@@ -156,6 +201,7 @@ def main() -> None:
     check_kernels_against_float64()
     check_server(args.port)
     time_steps()
+    time_cascade()
 
 
 if __name__ == "__main__":

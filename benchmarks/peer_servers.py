@@ -71,20 +71,32 @@ class ServerSpec:
     startup_timeout_s: float = 300.0
 
 
-def radixcluster_server(name: str, threads: int, *flags: str) -> ServerSpec:
+def confined(threads: int) -> list[str]:
+    """A command prefix that keeps a server on the first ``threads`` CPUs (empty when those are
+    all this process has): our replica computes on every core it may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [] if threads >= len(cpus) else ["taskset", "-c", ",".join(map(str, cpus[:threads]))]
+
+
+def radixcluster_server(name: str, threads: int, dtype: str, flags: list[str], env: dict[str, str]) -> ServerSpec:
     command = [
+        *confined(threads),
         str(Path(sys.executable).parent / "radixcluster"),
         "up",
         "--host",
         "127.0.0.1",
         "--port",
         "{port}",
+        "--dtype",
+        dtype,
         *flags,
     ]
-    return ServerSpec(name, "radixcluster", command, peer_env(threads))
+    return ServerSpec(name, "radixcluster", command, {**peer_env(threads), **env})
 
 
-def vllm_server(name: str, python: Path, hf_dir: Path, threads: int, prefix_caching: bool, run_dir: Path) -> ServerSpec:
+def vllm_server(
+    name: str, python: Path, hf_dir: Path, threads: int, dtype: str, prefix_caching: bool, run_dir: Path
+) -> ServerSpec:
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **peer_env(threads),
@@ -103,7 +115,7 @@ def vllm_server(name: str, python: Path, hf_dir: Path, threads: int, prefix_cach
         "--served-model-name",
         "smollm2",
         "--dtype",
-        "float32",
+        dtype,
         "--max-model-len",
         "2048",
         "--host",

@@ -44,10 +44,6 @@ def main(argv: list[str] | None = None) -> int:
 
             configure_logging(ns.log_level)
             args = server_args_from_namespace(ns)
-            if args.dp_size > 1:
-                from radixcluster.data_parallel import launch_data_parallel
-
-                return launch_data_parallel(args)
             return launch(args)
         if ns.command == "gateway":
             from radixcluster.gateway.server import run_gateway

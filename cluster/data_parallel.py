@@ -19,17 +19,18 @@ from typing import Any
 
 import httpx
 
-from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _start_process, _stop_process
+from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _join_or_kill, _start_process
 from radixcluster.model_path import resolve_model_path
 from radixcluster.process_tree import descendants, kill_survivors
 from radixcluster.ray_cluster import RayPlacementError
-from radixcluster.router.api.context import API_DRAIN_S
+from radixcluster.replica_plan import machine_cpus
 from radixcluster.server_args import ServerArgs, replica_argv
 
 logger = logging.getLogger("radixcluster")
 
 # what each replica gets from `up` itself rather than from the user's flags
-REPLICA_OWN_FLAGS = ("host", "port", "dp_size", "ray_address", "node_ip_address", "kv_events_address")
+# (the API key goes in the environment, out of sight of ps)
+REPLICA_OWN_FLAGS = ("host", "port", "dp_size", "ray_address", "node_ip_address", "kv_events_address", "api_key")
 MAX_RESTARTS = 5  # per replica; a replica that keeps dying ends the whole command
 READY_TIMEOUT_S = 120
 
@@ -96,7 +97,7 @@ class DataParallelLauncher:
 
         args = self.args
         private = args.ray_address is None
-        ray_cluster.start_ray(args.ray_address, self.runtime_dir, os.cpu_count() or 1, args.node_ip_address)
+        ray_cluster.start_ray(args.ray_address, self.runtime_dir, machine_cpus(1).usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         ips = replica_nodes(ray.nodes(), args.dp_size, args.tp_size, use_gpu, ray.util.get_node_ip_address())
@@ -121,6 +122,7 @@ class DataParallelLauncher:
                 api_key=args.api_key,
                 replica_api_key=args.api_key,
                 log_level=args.log_level,
+                shutdown_timeout_s=args.shutdown_timeout,
             ),
         )
         self._wait_gateway_ready(len(urls))
@@ -178,11 +180,15 @@ class DataParallelLauncher:
     def _stop(self) -> None:
         import ray
 
-        _stop_process(self.gateway, API_DRAIN_S + STOP_GRACE_S)
+        # the gateway first: it drains while the replicas still serve, which then have nothing in flight
+        drain_s = self.args.shutdown_timeout + STOP_GRACE_S
+        if self.gateway is not None and self.gateway.is_alive():
+            self.gateway.terminate()
+            _join_or_kill(self.gateway, drain_s)
         started = descendants(os.getpid())
         if ray.is_initialized():
             try:
-                ray.get([actor.stop.remote() for actor in self.actors], timeout=API_DRAIN_S + 2 * STOP_GRACE_S)
+                ray.get([actor.stop.remote(drain_s) for actor in self.actors], timeout=drain_s + STOP_GRACE_S)
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 logger.warning("stopping the replicas: %s", exc)
             for actor in self.actors:
@@ -190,7 +196,3 @@ class DataParallelLauncher:
             ray.shutdown()
         kill_survivors(started, SURVIVOR_GRACE_S)
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
-
-
-def launch_data_parallel(args: ServerArgs) -> int:
-    return DataParallelLauncher(args).run()

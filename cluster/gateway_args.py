@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from radixcluster.gateway.config import POLICIES, GatewayConfig, HealthTunables, RoutingTunables
+from radixcluster.gateway.config import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    POLICIES,
+    GatewayConfig,
+    HealthTunables,
+    RoutingTunables,
+)
 from radixcluster.model_path import resolve_model_path
-from radixcluster.server_args import LOG_LEVELS
+from radixcluster.server_args import API_KEY_ENV, LOG_LEVELS
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +33,11 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health)")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (all but /health); ${API_KEY_ENV} sets it without showing it in ps",
+    )
     parser.add_argument("--replica-api-key", default=None, help="the key the replicas want (default: --api-key)")
     parser.add_argument(
         "--model-path", "--model", default=None, help="the replicas' model, for its tokenizer (default: embedded)"
@@ -55,6 +66,12 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         "--breaker-cooldown", type=float, default=health.breaker_cooldown_s, help="seconds a replica stays out"
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        help="seconds that requests in flight get to finish after SIGTERM",
+    )
 
 
 def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
@@ -65,15 +82,19 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
             raise ValueError(f"--replica must be an http:// or https:// URL, got {url!r}")
     if ns.discover and not ns.discover.rpartition(":")[2].isdigit():
         raise ValueError(f"--discover must be HOST:PORT, got {ns.discover!r}")
+    if ns.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {ns.shutdown_timeout}")
+    api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     return GatewayConfig(
         host=ns.host,
         port=ns.port,
         model_path=resolve_model_path(ns.model_path),
         replicas=list(ns.replica),
         discover=ns.discover,
-        api_key=ns.api_key,
-        replica_api_key=ns.replica_api_key or ns.api_key,
+        api_key=api_key,
+        replica_api_key=ns.replica_api_key or api_key,
         routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
         health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
         log_level=ns.log_level,
+        shutdown_timeout_s=ns.shutdown_timeout,
     )

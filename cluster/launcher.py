@@ -1,8 +1,13 @@
 """`radixcluster up`: size the KV pool, start the TP workers (Ray), the router and the api
-processes, supervise them, and tear all of it down on SIGTERM/Ctrl-C or when one dies."""
+processes, supervise them, and tear all of it down on SIGTERM/Ctrl-C or when one dies.
+
+A stop drains: the api refuses new requests (503) while those in flight finish, for up to
+``--shutdown-timeout``, then ends the rest with an error; only then do the router and the workers
+stop. Every process this command starts dies with it, even when it is SIGKILLed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -12,12 +17,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
-from radixcluster.process_tree import descendants, kill_survivors
-from radixcluster.replica_plan import Plan, make_plan
-from radixcluster.router.api.context import API_DRAIN_S
+from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
+from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs
 
 if TYPE_CHECKING:
@@ -27,24 +32,40 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("radixcluster")
 
-STOP_GRACE_S = 15  # a process gets this long to exit after SIGTERM (the api: after its drain) before SIGKILL
+STOP_GRACE_S = 15  # a process gets this long to exit once told to (the api: after its drain) before SIGKILL
 SURVIVOR_GRACE_S = 3
 
 
 def _start_process(target: Callable[..., None], *args: object) -> BaseProcess:
-    process = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+    """A spawned child that dies with this process (see process_tree.run_child)."""
+    process = mp.get_context("spawn").Process(target=run_child, args=(os.getpid(), target, *args), daemon=True)
     process.start()
     return process
 
 
-def _stop_process(process: BaseProcess | None, grace_s: float) -> None:
-    if process is None or not process.is_alive():
-        return
-    process.terminate()
+def _join_or_kill(process: BaseProcess, grace_s: float) -> None:
     process.join(grace_s)
     if process.is_alive():
         process.kill()
         process.join()
+
+
+def _attention_backend(requested: str, device: str) -> tuple[str, str]:
+    """The backend the ranks get, and its words for the start-up line. On the CPU the native
+    kernels are built here, once, before the ranks load them; ``auto`` falls back to torch
+    with one line saying why, an explicit ``native`` refuses to start."""
+    if device != "cpu" or requested not in ("auto", "native"):
+        return requested, f"attention {requested}"
+    from radixcluster.kernels import native
+
+    try:
+        isa = native.load()
+    except native.NativeBuildError as exc:
+        if requested == "native":
+            raise ValueError(f"--attention-backend native: the native CPU kernels are unavailable: {exc}") from exc
+        native.say_unavailable(str(exc))
+        return "torch", "attention torch"
+    return "native", f"attention native ({isa} kernels)"
 
 
 class _StopDuringStartup(Exception):
@@ -59,27 +80,33 @@ class Launcher:
         self.plan: Plan | None = None
         self.workers: RayWorkers | None = None
         self.router: BaseProcess | None = None
+        self.router_control: Connection | None = None  # "stop" or closing it stops the router
         self.api: BaseProcess | None = None
         self.stopping = threading.Event()
         self.started = False
+        self.attention_backend = args.attention_backend
 
     def run(self) -> int:
         self._handle_signals()
+        failed = True
         try:
             router, api, workers = self._start()
             self.started = True
             print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
-            return self._supervise(router, api, workers)
+            failed = self._supervise(router, api, workers)
+            return 1 if failed else 0
         except _StopDuringStartup:
             return 0
         finally:
-            self._stop()
+            self._stop(drain=not failed)
 
     def _handle_signals(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, *_) -> None:
+        if self.stopping.is_set() and self.api is not None:
+            self._signal_api(signal.SIGINT)  # a second signal: the api ends its drain now
         self.stopping.set()
         if not self.started:
             raise _StopDuringStartup  # interrupts loading wherever it blocks
@@ -92,14 +119,15 @@ class Launcher:
 
         args = self.args
         self.plan = plan = make_plan(args)
+        self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
-            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}), tp {args.tp_size}, "
-            f"KV pool {plan.num_pages * args.page_size} tokens; radix cache {cache}",
+            f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
+            f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
             file=sys.stderr,
             flush=True,
         )
-        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, os.cpu_count() or 1, args.node_ip_address)
+        ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
         addresses = RouterAddresses(
@@ -109,10 +137,11 @@ class Launcher:
             result=plan.address("result"),
             events=args.kv_events_address,
         )
-        parent, child = mp.get_context("spawn").Pipe()
+        self.router_control, child = mp.get_context("spawn").Pipe()
         self.router = router = _start_process(run_router, self._router_config(plan), addresses, child)
+        child.close()  # the router's end: once the router is gone, our end reads EOF
         workers.serve_refs = ray_cluster.load_and_serve(workers)
-        if not parent.poll(120) or parent.recv() != "ready":
+        if not self.router_control.poll(120) or self.router_control.recv() != "ready":
             raise RuntimeError("the router process did not come up")
         self.api = api = _start_process(
             run_api_server,
@@ -123,6 +152,7 @@ class Launcher:
                 output_address=plan.address("router_out"),
                 api_key=args.api_key,
                 served_model_name=plan.served_model_name,
+                shutdown_timeout_s=args.shutdown_timeout,
             ),
         )
         self._wait_api_ready(api)
@@ -135,9 +165,10 @@ class Launcher:
         from radixcluster.worker.worker_process import WorkerConfig
 
         args = self.args
-
         dtype = getattr(torch, plan.dtype)
-        threads = max(1, (os.cpu_count() or 1) // args.tp_size)
+        threads = plan.cpus.threads_per_rank
+        # cores are pinned for CPU ranks only: a GPU rank's threads just feed its device
+        rank_cpus = plan.cpus.rank_cpus if plan.device == "cpu" else None
         return [
             WorkerConfig(
                 runner=RunnerConfig(
@@ -150,11 +181,13 @@ class Launcher:
                     max_context_len=plan.context_length,
                     dtype=dtype,
                     device=plan.device,
-                    attention_backend=args.attention_backend,
+                    attention_backend=self.attention_backend,
+                    prepack_weights=plan.prepack_weights,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
                 num_threads=threads,
+                env=omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
             )
             for rank in range(args.tp_size)
         ]
@@ -177,6 +210,7 @@ class Launcher:
             tp_size=args.tp_size,
             device=plan.device,
             dtype=plan.dtype,
+            max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
         )
 
@@ -194,25 +228,44 @@ class Launcher:
                 pass
             time.sleep(0.2)
 
-    def _supervise(self, router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> int:
+    def _supervise(self, router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> bool:
+        """Watch the replica until a stop is asked for (False) or a part of it ends (True)."""
+        while not self.stopping.wait(0.5):
+            failed = self._failed_part(router, api, workers)
+            if failed is not None:
+                logger.error("%s; shutting down", failed)
+                return True
+        return False
+
+    def _signal_api(self, sig: int) -> None:
+        """SIGTERM: the api drains; SIGINT: it ends its requests with an error now."""
+        if self.api is not None and self.api.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.api.pid, sig)
+
+    @staticmethod
+    def _failed_part(router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> str | None:
+        """What of the replica has stopped, or None."""
         import ray
 
-        while not self.stopping.wait(0.5):
-            for name, process in (("router", router), ("api", api)):
-                if not process.is_alive():
-                    logger.error("the %s process exited (code %s); shutting down", name, process.exitcode)
-                    return 1
-            done, _ = ray.wait(workers.serve_refs, timeout=0)
-            if done:
-                logger.error("a TP worker stopped; shutting down")
-                return 1
-        return 0
+        for name, process in (("router", router), ("api", api)):
+            if not process.is_alive():
+                return f"the {name} process exited (code {process.exitcode})"
+        done, _ = ray.wait(workers.serve_refs, timeout=0)
+        return "a TP worker stopped" if done else None
 
-    def _stop(self) -> None:
+    def _stop(self, drain: bool) -> None:
+        """The api first (it drains unless a part failed: requests that cannot finish end at
+        once), then the router, the workers and anything left."""
         from radixcluster import ray_cluster
 
-        _stop_process(self.api, API_DRAIN_S + STOP_GRACE_S)
-        _stop_process(self.router, STOP_GRACE_S)
+        if self.api is not None and self.api.is_alive():
+            self._signal_api(signal.SIGTERM if drain else signal.SIGINT)
+            _join_or_kill(self.api, self.args.shutdown_timeout + STOP_GRACE_S)
+        if self.router is not None and self.router.is_alive():
+            assert self.router_control is not None
+            self.router_control.send("stop")
+            _join_or_kill(self.router, STOP_GRACE_S)
         started = descendants(os.getpid())
         ray_cluster.stop_workers(self.workers)
         # Ray's per-node agents can outlive ray.shutdown() when it ran mid-start: no process
@@ -220,6 +273,18 @@ class Launcher:
         kill_survivors(started, SURVIVOR_GRACE_S)
         if self.plan is not None:
             shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def _dtype_note(plan: Plan) -> str:
+    """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
+    oneDNN and ATen then convert every operand, and float32 is faster."""
+    import torch
+
+    if plan.device != "cpu" or plan.dtype != "bfloat16":
+        return ""
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return ""
+    return ", emulated on this CPU: float32 is faster here"
 
 
 def configure_logging(level: str) -> None:
@@ -231,4 +296,11 @@ def configure_logging(level: str) -> None:
 
 
 def launch(args: ServerArgs) -> int:
+    code = fork_into_own_group()
+    if code is not None:
+        return code  # the parent: the replica (or the replicas and their gateway) ran in the child
+    if args.dp_size > 1:
+        from radixcluster.data_parallel import DataParallelLauncher
+
+        return DataParallelLauncher(args).run()
     return Launcher(args).run()

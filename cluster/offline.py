@@ -36,6 +36,7 @@ def generate(prompt: str, model_path: str | None, max_new_tokens: int, temperatu
             tp_size=1,
             device="cpu",
             dtype="float32",
+            max_queued_requests=1,
         )
     )
     request = GenerateRequest(

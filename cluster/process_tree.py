@@ -1,13 +1,20 @@
-"""The processes a command started, read from /proc (Linux), so that shutdown can prove none is
-left behind."""
+"""The processes a command started: read from /proc (Linux), so that shutdown can prove none is
+left behind; tied to their parent, so that none outlives it; and kept out of the caller's process
+group, so that a signal to that group reaches the command alone, which then stops the rest in order."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -45,3 +52,74 @@ def kill_survivors(pids: set[int], grace_s: float) -> None:
     for pid in alive:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere a no-op), and
+    exit now if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def run_child(parent_pid: int, target: Callable[..., None], *args: Any) -> None:
+    """A child process's entry point: tied to ``parent_pid``, then ``target(*args)``."""
+    die_with_parent(parent_pid)
+    target(*args)
+
+
+def fork_into_own_group() -> int | None:
+    """Split the command in two. The child returns None and goes on as the leader of a process
+    group of its own, dying with the parent. The parent stays in the caller's group, relays
+    SIGTERM and SIGINT to the child, and returns the child's exit code once it ends, after
+    killing whatever the child's group still holds.
+
+    A signal to the caller's whole process group (Ctrl-C, ``kill -- -PGID``) then reaches the
+    parent alone, and the child stops its processes in order, as with a signal to it alone;
+    without this, Ray's processes in the group would die at once under running requests. If the
+    parent is SIGKILLed, a reaper (a third process in the child's group, blocked on a pipe only
+    the parent writes to) kills the whole group: some of Ray's agents outlive their raylet."""
+    parent = os.getpid()
+    lifeline, held = os.pipe()  # the parent holds ``held`` open until it dies
+    child = os.fork()
+    if child == 0:
+        os.close(lifeline)
+        os.close(held)
+        os.setpgid(0, 0)
+        die_with_parent(parent)
+        return None
+    os.setpgid(child, child)  # as the child does: whichever runs first, the group exists
+    if os.fork() == 0:
+        _reap_when_closed(lifeline, held, child)
+    os.close(lifeline)
+
+    def relay(sig: int, _: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, relay)
+    while True:
+        # any child: as PID 1 of a container, orphans are ours to reap too
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child, signal.SIGKILL)  # leftovers, and the reaper
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+def _reap_when_closed(lifeline: int, held: int, group: int) -> None:
+    """The reaper: wait for the parent's end of the pipe to close, then kill ``group``."""
+    os.close(held)
+    os.setpgid(0, group)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # never keep the caller's terminal or pipes open
+        os.dup2(devnull, fd)
+    while os.read(lifeline, 1):
+        pass
+    os.killpg(group, signal.SIGKILL)
+    os._exit(0)

@@ -15,6 +15,10 @@ import msgpack
 import numpy as np
 
 PROTOCOL_VERSION = 1
+# what the integers of a request may hold: the router packs them into int32 arrays (token ids,
+# counts, top_k) and int64 (seed)
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _EXT_ARRAY = 1
 _EXT_MESSAGE = 2
@@ -220,6 +224,11 @@ class ForwardBatch:
     vocab_mask: np.ndarray | None = None
     # per request, first of its new tokens whose logprob is wanted; -1: none (input logprobs)
     logprob_starts: np.ndarray | None = None
+    # requests whose contexts share a cached prefix (the radix tree's pages), so attention can
+    # read it once per group: int32 [B], each request's group or -1; None when no two share
+    prefix_groups: np.ndarray | None = None
+    # int32 [G]: the leading tokens every request of group g shares (their first pages equal)
+    prefix_group_lens: np.ndarray | None = None
 
 
 @message

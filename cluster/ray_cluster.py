@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,19 +28,44 @@ class RayWorkers:
 
 
 def quiet_ray_env() -> None:
-    """No usage stats, no token file in the user's home for a local, loopback-only instance."""
+    """No usage stats, no log deduplication, no idle workers started ahead (our actors need their
+    own environment, so none would be used) and no Ray metrics (we export our own): on a 2-core
+    host every process counts."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_enable_worker_prestart", "0")
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    os.environ.setdefault("RAY_enable_metrics_collection", "0")
+
+
+def private_ray_env() -> None:
+    """A private instance listens on loopback only (Ray binds there when it runs as a
+    single-machine cluster; read when ray is imported) and wants a token only this replica's
+    processes hold (given in the environment, so no token file lands in the user's home)."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
 def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | None = None) -> None:
     """Join ``address`` (as the node ``node_ip`` of this host; Ray's choice when None) or start
     a private local instance (whose node is ``node_ip`` when given); ``stop_workers`` leaves it."""
+    quiet_ray_env()
+    if not address:
+        private_ray_env()
     import ray
 
-    quiet_ray_env()
+    if not address and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
+        raise RuntimeError("ray was imported before start_ray: the private instance would listen beyond loopback")
     if address:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        # Token authentication whenever a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
+        # or ~/.ray/auth_token) and RAY_AUTH_MODE does not say otherwise: the rule Ray applies
+        # to a cluster it finds by itself, and not to an explicit address
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(
             address=address,
             _node_ip_address=node_ip,
@@ -98,6 +124,7 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
             num_gpus=bundle.get("GPU", 0),
             resources={key: value for key, value in bundle.items() if key.startswith("node:")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i),
+            runtime_env={"env_vars": cfg.env} if cfg.env else None,
         ).remote(cfg)
         for i, cfg in enumerate(worker_configs)
     ]
@@ -124,8 +151,8 @@ def load_and_serve(workers: RayWorkers) -> list[Any]:
     """
     import ray
 
-    port = ray.get(workers.actors[0].free_port.remote())
-    ray.get([actor.load.remote(f"tcp://127.0.0.1:{port}") for actor in workers.actors])
+    port = ray.get(workers.actors[0].open_rendezvous.remote())
+    ray.get([actor.load.remote(port) for actor in workers.actors])
     return [actor.serve.remote() for actor in workers.actors]
 
 

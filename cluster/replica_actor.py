@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from radixcluster.server_args import API_KEY_ENV
+
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
 
@@ -53,6 +55,7 @@ class ReplicaProcess:
             "--kv-events-address",
             f"tcp://{host}:0",
         ]
+        self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.process: subprocess.Popen | None = None
 
@@ -63,6 +66,8 @@ class ReplicaProcess:
         # get theirs from Ray, and its launcher must see the node's devices to plan for them.
         if env.get("CUDA_VISIBLE_DEVICES") == "":
             del env["CUDA_VISIBLE_DEVICES"]
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key  # not on the command line, where ps shows it
         self.process = subprocess.Popen(self.argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -72,7 +77,7 @@ class ReplicaProcess:
                 if httpx.get(f"{self.url}/health", headers=self.headers, timeout=2).status_code == 200:
                     return self.url
             time.sleep(0.5)
-        self.stop()
+        self.stop(STOP_GRACE_S)
         raise RuntimeError(f"replica {self.url} was not healthy within {STARTUP_TIMEOUT_S} s")
 
     def wait(self) -> int:
@@ -84,14 +89,14 @@ class ReplicaProcess:
         """The replica's `radixcluster up` process (the leader of its process group)."""
         return self.process.pid if self.process is not None else None
 
-    def stop(self) -> None:
-        """SIGTERM (the replica drains and stops its processes), SIGKILL if it overstays."""
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM (the replica drains and stops its processes), SIGKILL after ``grace_s``."""
         process = self.process
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=STOP_GRACE_S)
+            process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)

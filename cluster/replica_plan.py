@@ -1,14 +1,18 @@
 """What every process of one replica must agree on, decided once before anything starts: the
-device, the dtype, the context length and the KV pool's size in pages.
+device, the dtype, the context length, the KV pool's size in pages, and the CPUs each TP rank
+computes on.
 
-The sizing is pure (memory is an argument), so it is unit-tested; ``make_plan`` reads the
-machine and the model once and calls it.
+The sizing is pure (memory, CPUs and cgroup files are arguments), and so is reading a container's
+memory and CPU limits from its cgroup files, so both are unit-tested; ``make_plan`` reads the
+machine and the model once and calls them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +21,22 @@ from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.server_args import ServerArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# cgroup v1 writes "no limit" as a number near 2**63
+CGROUP_NO_MEMORY_LIMIT = 2**60
 # share of memory for weights + KV when --mem-fraction-static is not given: a GPU is ours alone;
 # a CPU host's RAM is shared with the router, the api, Ray and the operating system
 DEFAULT_MEM_FRACTION = {"cuda": 0.85, "cpu": 0.2}
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuPlan:
+    """Compute threads per TP rank and, when the cores allow, each rank's own cores
+    (``rank_cpus[rank]``, disjoint); None: threads float over the usable CPUs."""
+
+    threads_per_rank: int
+    rank_cpus: list[list[int]] | None
+    usable: int  # all the ranks' threads together may keep this many busy (what Ray is told)
 
 
 @dataclass(slots=True)
@@ -34,6 +51,8 @@ class Plan:
     num_pages: int
     context_length: int
     runtime_dir: str
+    cpus: CpuPlan
+    prepack_weights: bool
 
     def address(self, name: str) -> str:
         return f"ipc://{self.runtime_dir}/{name}"
@@ -48,23 +67,53 @@ def choose_dtype(requested: str, device: str) -> str:
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     """Bytes of the model's weights (all ranks together)."""
-    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * cfg.hidden_size * cfg.intermediate_size
     embed = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-    return (cfg.num_layers * (attn + mlp) + embed) * dtype_bytes
+    return (cfg.num_layers * _layer_linear_params(cfg) + embed) * dtype_bytes
 
 
-def plan_kv_pages(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> int:
-    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
-    ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
-    weights."""
-    if args.max_total_tokens is not None:
-        return args.max_total_tokens // args.page_size
+def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together),
+    at most: the workers leave small weights unpacked."""
+    return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
+
+
+def _layer_linear_params(cfg: ModelConfig) -> int:
+    attn = cfg.hidden_size * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+    return attn + 3 * cfg.hidden_size * cfg.intermediate_size
+
+
+def _kv_budget(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> float:
+    """Bytes one rank has for its KV pool after its shard of the weights."""
     fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
     ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
-    budget = fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
+    return fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
+
+
+def prepacks_weights(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> bool:
+    """CPU ranks keep oneDNN-packed copies of the linear weights unless told not to, or unless
+    the copies would take more than half of the memory left for the KV pool."""
+    if device != "cpu" or args.disable_weight_prepack:
+        return False
+    return (
+        packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
+        <= _kv_budget(args, cfg, device, dtype_bytes, memory_bytes) / 2
+    )
+
+
+def plan_kv_pages(
+    args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int, prepack: bool = False
+) -> int:
+    """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
+    ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
+    weights (and, with ``prepack``, their packed copies)."""
+    if args.max_total_tokens is not None:
+        return args.max_total_tokens // args.page_size
+    budget = _kv_budget(args, cfg, device, dtype_bytes, memory_bytes)
+    if prepack:
+        budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
     tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
     if tokens < args.page_size * 2:
+        fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
         raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
     return tokens // args.page_size
 
@@ -80,12 +129,112 @@ def resolve_device(requested: str) -> str:
 
 
 def memory_bytes(device: str) -> int:
-    """One GPU's memory, or the host's RAM."""
+    """One GPU's memory, or the RAM this process may use: the host's, or less under a cgroup
+    (container) memory limit, which the OOM killer enforces."""
     if device == "cuda":
         import torch
 
         return torch.cuda.mem_get_info()[1]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_limit(_read(Path("/proc/self/cgroup")), CGROUP_ROOT)
+    return host if limit is None else min(host, limit)
+
+
+def cgroup_memory_limit(membership: str, cgroup_root: Path) -> int | None:
+    """The tightest memory limit on this process's cgroup and its ancestors, or None.
+
+    ``membership`` is ``/proc/self/cgroup`` (``id:controllers:path`` lines); ``cgroup_root`` is
+    where the hierarchies are mounted. cgroup v2 (``0::path``) reads ``memory.max``; v1 (a line
+    naming ``memory``) reads ``memory/<path>/memory.limit_in_bytes``. A path that is not under
+    the mount (a container sees its own cgroup as the root) is read from the mount's root."""
+    limits = []
+    for directory, v2 in _cgroup_dirs(membership, cgroup_root, "memory"):
+        text = _read(directory / ("memory.max" if v2 else "memory.limit_in_bytes"))
+        if text.isdigit():
+            limits.append(int(text))
+    return min((limit for limit in limits if limit < CGROUP_NO_MEMORY_LIMIT), default=None)
+
+
+def cgroup_cpu_limit(membership: str, cgroup_root: Path) -> float | None:
+    """The tightest CPU quota, in CPUs, on this process's cgroup and its ancestors, or None.
+
+    cgroup v2 reads ``cpu.max`` (``"<quota> <period>"`` or ``"max <period>"``); v1 (a line naming
+    ``cpu``) reads ``cpu/<path>/cpu.cfs_quota_us`` (-1: none) over ``cpu.cfs_period_us``."""
+    quotas = []
+    for directory, v2 in _cgroup_dirs(membership, cgroup_root, "cpu"):
+        if v2:
+            quota, _, period = _read(directory / "cpu.max").partition(" ")
+        else:
+            quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+        if quota.isdigit() and period.isdigit() and int(period) > 0:
+            quotas.append(int(quota) / int(period))
+    return min(quotas, default=None)
+
+
+def _cgroup_dirs(membership: str, cgroup_root: Path, controller: str) -> list[tuple[Path, bool]]:
+    """The directories of this process's cgroup and its ancestors that can hold ``controller``'s
+    files, each with whether it is cgroup v2. ``membership`` is ``/proc/self/cgroup``
+    (``id:controllers:path`` lines); ``cgroup_root`` is where the hierarchies are mounted
+    (v2 there, v1 under ``<root>/<controller>``). A path that is not under the mount (a
+    container sees its own cgroup as the root) is read from the mount's root."""
+    found = []
+    for line in membership.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            found += [(d, True) for d in _dirs_up_to(cgroup_root, path)]
+        elif controller in controllers.split(","):
+            found += [(d, False) for d in _dirs_up_to(cgroup_root / controller, path)]
+    return found
+
+
+def _dirs_up_to(mount: Path, path: str) -> list[Path]:
+    """The cgroup at ``path`` (or its nearest existing ancestor) and its ancestors up to ``mount``."""
+    directory = mount.joinpath(*(p for p in path.split("/") if p and p != ".."))
+    while directory != mount and not directory.is_dir():
+        directory = directory.parent
+    dirs = [directory]
+    while directory != mount:
+        directory = directory.parent
+        dirs.append(directory)
+    return dirs
+
+
+def _read(file: Path) -> str:
+    try:
+        return file.read_text().strip()
+    except OSError:
+        return ""
+
+
+def plan_cpus(affinity: Iterable[int], cpu_limit: float | None, tp_size: int) -> CpuPlan:
+    """Split the CPUs this process may run on among the TP ranks. A quota below the affinity
+    set caps the thread count (at least one per rank) but pins nothing: which cores are ours
+    is then not known. Otherwise each rank gets its own run of cores when there is at least
+    one per rank; with fewer cores than ranks, one thread each, unpinned."""
+    cpus = sorted(affinity)
+    usable = len(cpus) if cpu_limit is None else min(len(cpus), max(1, math.floor(cpu_limit)))
+    threads = max(1, usable // tp_size)
+    if usable < len(cpus) or len(cpus) < tp_size:
+        return CpuPlan(threads, None, usable)
+    return CpuPlan(threads, [cpus[rank * threads : (rank + 1) * threads] for rank in range(tp_size)], usable)
+
+
+def omp_env(threads: int, cpus: list[int] | None) -> dict[str, str]:
+    """The OpenMP environment a rank's process must start with (libgomp reads it when torch
+    loads): its thread count and, given its cores, one thread bound to each."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if cpus is not None:
+        env |= {"OMP_PLACES": ",".join(f"{{{cpu}}}" for cpu in cpus), "OMP_PROC_BIND": "close"}
+    return env
+
+
+def machine_cpus(tp_size: int) -> CpuPlan:
+    """``plan_cpus`` for this process: its affinity and its cgroups' CPU quota."""
+    limit = cgroup_cpu_limit(_read(Path("/proc/self/cgroup")), CGROUP_ROOT)
+    return plan_cpus(os.sched_getaffinity(0), limit, tp_size)
 
 
 def make_plan(args: ServerArgs) -> Plan:
@@ -93,13 +242,17 @@ def make_plan(args: ServerArgs) -> Plan:
     cfg = load_model_config(path)
     device = resolve_device(args.device)
     dtype = choose_dtype(args.dtype, device)
+    memory = memory_bytes(device)
+    prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     return Plan(
         model_path=path,
         model_config=cfg,
         served_model_name=args.served_model_name or served_model_name(path),
         device=device,
         dtype=dtype,
-        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory_bytes(device)),
+        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack),
         context_length=args.context_length or cfg.max_position_embeddings,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
+        cpus=machine_cpus(args.tp_size),
+        prepack_weights=prepack,
     )

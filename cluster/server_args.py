@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
@@ -14,6 +15,8 @@ from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
 logger = logging.getLogger(__name__)
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# the API key from the environment: a command line is visible to every user of the host
+API_KEY_ENV = "RADIXCLUSTER_API_KEY"
 # Flags users bring from SGLang that name what is already the default here.
 DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
@@ -37,6 +40,7 @@ class ServerArgs:
     page_size: int = 1
     chunked_prefill_size: int = 2048
     max_running_requests: int = 64
+    max_queued_requests: int = 2048
     mem_fraction_static: float | None = None
     max_total_tokens: int | None = None
     context_length: int | None = None
@@ -46,15 +50,25 @@ class ServerArgs:
     dtype: str = "auto"
     device: str = "auto"
     attention_backend: str = "auto"
+    disable_weight_prepack: bool = False
     api_key: str | None = None
     ray_address: str | None = None
     node_ip_address: str | None = None
     kv_events_address: str | None = None
     dp_size: int = 1
     log_level: str = "warning"
+    shutdown_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        positive = ("port", "tp_size", "dp_size", "page_size", "chunked_prefill_size", "max_running_requests")
+        positive = (
+            "port",
+            "tp_size",
+            "dp_size",
+            "page_size",
+            "chunked_prefill_size",
+            "max_running_requests",
+            "max_queued_requests",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -72,6 +86,8 @@ class ServerArgs:
             raise ValueError("--kv-events-address is for one replica; with --dp-size each replica gets its own")
         if self.node_ip_address is not None and self.ray_address is None:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +119,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=d.max_queued_requests,
+        help="requests waiting for admission beyond which new ones are refused with 429 and Retry-After",
+    )
+    parser.add_argument(
         "--mem-fraction-static",
         type=float,
         default=d.mem_fraction_static,
@@ -128,9 +150,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default=d.attention_backend,
-        help="auto: Triton kernels on CUDA, the torch reference elsewhere",
+        help="auto: native kernels on CPU, Triton kernels on CUDA, the torch reference where neither can run",
     )
-    parser.add_argument("--api-key", default=d.api_key, help="require 'Authorization: Bearer KEY' (all but /health)")
+    parser.add_argument(
+        "--disable-weight-prepack",
+        action="store_true",
+        help="CPU: no oneDNN-prepacked copy of the linear weights (it speeds up decode-sized batches and doubles weight memory)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=d.api_key,
+        help=f"require 'Authorization: Bearer KEY' (all but /health); ${API_KEY_ENV} sets it without showing it in ps",
+    )
     parser.add_argument(
         "--ray-address", default=d.ray_address, help="join this Ray cluster instead of starting a local one"
     )
@@ -153,6 +184,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="replicas (each its own router and TP group) behind one cache-aware gateway on --port",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout,
+        help="seconds that requests in flight get to finish after SIGTERM before they end with an error",
+    )
     for flag in DEFAULT_NAMING_FLAGS:
         parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")
     for flag, why in MEANINGLESS_FLAGS.items():
@@ -171,7 +208,9 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         if value not in (None, False):
             logger.warning("%s is accepted but has no effect: %s", flag, why)
     names = {f.name for f in dataclasses.fields(ServerArgs)}
-    return ServerArgs(**{k: v for k, v in vars(ns).items() if k in names})
+    values = {k: v for k, v in vars(ns).items() if k in names}
+    values["api_key"] = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    return ServerArgs(**values)
 
 
 def replica_argv(args: ServerArgs, exclude: tuple[str, ...]) -> list[str]:

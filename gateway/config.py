@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radixcluster.router.api.context import DEFAULT_SHUTDOWN_TIMEOUT_S
+
 POLICIES = ("cache-aware", "round-robin")
 
 
@@ -62,3 +64,4 @@ class GatewayConfig:
     health: HealthTunables = field(default_factory=HealthTunables)
     max_body_bytes: int = 16 * 2**20
     log_level: str = "warning"
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S

@@ -4,6 +4,7 @@ point, which serves until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,6 @@ from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routes import GatewayContext, gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.router.api.auth import BearerAuth
-from radixcluster.router.api.context import API_DRAIN_S
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.text.tokenizer import load_tokenizer
 
@@ -63,7 +63,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
 
 def run_gateway(config: GatewayConfig) -> None:
     """Serve the gateway on ``config.host:config.port`` until SIGTERM or SIGINT (requests in
-    flight get ``API_DRAIN_S``). Main thread only."""
+    flight get ``config.shutdown_timeout_s``). Main thread only."""
     logging.basicConfig(level=getattr(logging, config.log_level.upper()))
     server = uvicorn.Server(
         uvicorn.Config(
@@ -72,7 +72,7 @@ def run_gateway(config: GatewayConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=API_DRAIN_S,
+            timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
         )
     )
     for sig in (signal.SIGTERM, signal.SIGINT):

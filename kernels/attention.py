@@ -58,6 +58,12 @@ class AttentionMetadata:
     max_extend_len: int  # longest extend (0 when none)
     max_decode_context: int  # longest decode context, its new token included (0 when none)
     gathered: GatheredRows | None
+    # requests sharing a cached prefix: each request's group (-1: none), int32 [B], and the
+    # tokens each group's requests share on the same pages, int32 [G]; None when none share
+    shared_groups: torch.Tensor | None = None
+    shared_lens: torch.Tensor | None = None
+    # a backend's per-step work, built by the first layer and reused by the others
+    plan: object | None = None
 
 
 def build_attention_metadata(
@@ -68,11 +74,15 @@ def build_attention_metadata(
     device: torch.device | str = "cpu",
     *,
     gather_rows: bool = True,
+    shared_groups: np.ndarray | None = None,
+    shared_lens: np.ndarray | None = None,
 ) -> AttentionMetadata:
     """Layout of one step from each request's page-table row (int32 ``[B, max_pages]``, on the
     CPU) and its cached/new token counts (int ``[B]``); tensors land on ``device``.
     ``gather_rows=False`` skips the torch path's ``[B, max_context]`` row gather, which the
-    Triton kernels do not need."""
+    Triton and native kernels do not need. ``shared_groups``/``shared_lens`` say which
+    requests share a cached prefix (``protocol.ForwardBatch.prefix_groups``): the reference
+    ignores them, the kernels that read a shared prefix once per group use them."""
     # numpy: per-request arrays are tiny, and torch's per-op overhead would dominate
     prefix = prefix_lens.numpy().astype(np.int64)
     new = extend_lens.numpy().astype(np.int64)
@@ -107,6 +117,9 @@ def build_attention_metadata(
             if gather_rows
             else None
         ),
+        # copies: arrays decoded from a frame are read-only views of it
+        shared_groups=None if shared_groups is None else torch.tensor(shared_groups, dtype=torch.int32, device=device),
+        shared_lens=None if shared_lens is None else torch.tensor(shared_lens, dtype=torch.int32, device=device),
     )
 
 

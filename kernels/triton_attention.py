@@ -1,5 +1,6 @@
 """Triton paged attention (the GPU twin of ``attention.paged_attention``, same inputs): an
-extend kernel for requests computing several new tokens, and a two-stage split-K decode.
+extend kernel for requests computing several new tokens, and a two-stage split-K decode whose
+requests in a shared-prefix group read that prefix once per group (``triton_cascade``).
 
 Both look pages up themselves from ``AttentionMetadata``'s flat per-request tensors, so the
 torch path's gathered rows are not needed. Softmax runs in base 2 (``exp2``), with the
@@ -16,6 +17,8 @@ import triton
 import triton.language as tl
 
 from radixcluster.kernels.attention import AttentionMetadata
+from radixcluster.kernels.triton_cascade import Cascade, plan_cascade, run_cascade
+from radixcluster.kernels.triton_kv_tile import kv_tile
 
 # Tensor-core tiles need every dot dimension >= 16; smaller ones are padded and masked.
 MIN_DOT = 16
@@ -25,28 +28,6 @@ BLOCK_N = 64
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 64
 TARGET_PROGRAMS = 1024
-
-
-@triton.jit
-def _kv_tile(
-    Cache,
-    PageTable,
-    req,
-    stride_pt,
-    offs_n,
-    n_mask,
-    page_size,
-    kv_head,
-    stride_c,
-    offs_d,
-    d_mask,
-    HEAD_DIM: tl.constexpr,
-):
-    """Context tokens ``offs_n`` of request ``req`` of one KV head, read through its page table."""
-    page = tl.load(PageTable + req * stride_pt + offs_n // page_size, mask=n_mask, other=0)
-    slot = page.to(tl.int64) * page_size + offs_n % page_size
-    ptrs = Cache + slot[:, None] * stride_c + kv_head * HEAD_DIM + offs_d[None, :]
-    return tl.load(ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
 
 
 @triton.jit
@@ -98,10 +79,10 @@ def _extend_kernel(
     for start in range(0, end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _kv_tile(
+        k = kv_tile(
             KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         )
-        v = _kv_tile(
+        v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         )
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
@@ -129,6 +110,7 @@ def _decode_split_kernel(
     QStarts,
     PrefixLens,
     DecodeIds,
+    DecodeSkip,
     stride_qt,
     stride_qh,
     stride_pt,
@@ -148,16 +130,18 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """One split of one decode request's context, for the GROUP query heads of one KV head:
-    the split's softmax-normalised output and its log2-sum-exp (-inf when the split is empty)."""
+    """One split of one decode request's context past its first DecodeSkip[b] tokens (a shared
+    prefix the cascade kernel covers), for the GROUP query heads of one KV head: the split's
+    softmax-normalised output and its log2-sum-exp (-inf when the split is empty)."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     req = tl.load(DecodeIds + b)
     q_row = tl.load(QStarts + req)
     context = tl.load(PrefixLens + req) + 1
-    split_len = tl.cdiv(context, num_splits)
-    start = split * split_len
+    skip = tl.load(DecodeSkip + b)
+    split_len = tl.cdiv(context - skip, num_splits)
+    start = skip + split * split_len
     end = tl.minimum(start + split_len, context)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -175,10 +159,10 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k = _kv_tile(
+        k = kv_tile(
             KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         )
-        v = _kv_tile(
+        v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         )
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
@@ -219,7 +203,8 @@ def _decode_reduce_kernel(
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Merge one request's and one head's splits, each weighted by its share of the softmax."""
+    """Merge one request's and one head's splits, each weighted by its share of the softmax
+    (a split with no keys, or a cascade slot the request has no part in, weighs nothing)."""
     b = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -227,11 +212,11 @@ def _decode_reduce_kernel(
     s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
     lse = tl.load(PartLse + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    # split 0 is never empty (every context has at least one token), so the max is finite
+    # split 0 is never empty (every context has at least one token past its skip), so the max is finite
     weight = tl.exp2(lse - tl.max(lse, 0))
     parts = tl.load(
         PartOut + b * stride_ob + head * stride_oh + offs_s[:, None] * stride_os + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
+        mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :],
         other=0.0,
     )
     out = tl.sum(weight[:, None] * parts, 0) / tl.sum(weight, 0)
@@ -322,9 +307,14 @@ def _decode(
     batch, num_heads = len(meta.decode_ids), q.shape[1]
     kv_heads = num_heads // s.group
     splits = decode_splits(meta.max_decode_context, batch, kv_heads)
-    part_out = torch.empty(batch, num_heads, splits, s.head_dim, dtype=torch.float32, device=q.device)
-    part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
+    cascade = meta.plan if isinstance(meta.plan, Cascade) else plan_cascade(meta, kv_heads)
+    meta.plan = cascade
+    slots = splits + (cascade.splits if cascade is not None else 0)
+    part_out = torch.empty(batch, num_heads, slots, s.head_dim, dtype=torch.float32, device=q.device)
+    # a cascade slot stays -inf (weightless) for a request outside every group
+    part_lse = torch.full((batch, num_heads, slots), float("-inf"), dtype=torch.float32, device=q.device)
     part_strides = (*part_out.stride()[:3], *part_lse.stride()[:2])
+    skip = cascade.skip if cascade is not None else torch.zeros(batch, dtype=torch.int32, device=q.device)
     _decode_split_kernel[(batch, kv_heads, splits)](
         q,
         k_cache,
@@ -335,6 +325,7 @@ def _decode(
         meta.q_starts,
         meta.prefix_lens,
         meta.decode_ids,
+        skip,
         q.stride(0),
         q.stride(1),
         meta.page_table.stride(0),
@@ -350,6 +341,8 @@ def _decode(
         BLOCK_D=s.block_d,
         PRECISION=s.precision,
     )
+    if cascade is not None:
+        run_cascade(q, k_cache, v_cache, part_out, part_lse, meta, cascade, splits, s.group, s.scale_log2, s.precision)
     _decode_reduce_kernel[(batch, num_heads)](
         part_out,
         part_lse,
@@ -359,8 +352,8 @@ def _decode(
         *part_strides,
         out.stride(0),
         out.stride(1),
-        splits,
+        slots,
         HEAD_DIM=s.head_dim,
-        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_S=triton.next_power_of_2(slots),
         BLOCK_D=s.block_d,
     )

@@ -1,5 +1,6 @@
 """Packs scheduled requests into a protocol.ForwardBatch: tokens, positions, page-table
-deltas (only what the worker has not seen), the SamplingBatch and the grammar mask."""
+deltas (only what the worker has not seen), the shared-prefix groups, the SamplingBatch and
+the grammar mask."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from radixcluster.protocol import ForwardBatch, SamplingBatch
+from radixcluster.router.cache.prefix_groups import prefix_groups
 from radixcluster.router.request import Request
 
 
@@ -30,7 +32,8 @@ def build_forward(
     positions: np.ndarray | Sequence[int],
     logprob_starts: Sequence[int] | None = None,
 ) -> ForwardBatch:
-    """Marks every request's table as synced: the caller sends this batch."""
+    """Marks every request's table as synced: the caller sends this batch. Requests sharing a
+    cached prefix are grouped from the tree nodes they hold locked (``prefix_groups``)."""
     t_slots, t_starts, t_counts, t_pages = [], [], [], []
     for r in reqs:
         n = len(r.pages)
@@ -40,6 +43,7 @@ def build_forward(
             t_counts.append(n - r.synced_pages)
             t_pages.extend(r.pages[r.synced_pages :])
             r.synced_pages = n
+    groups = prefix_groups([r.last_node for r in reqs])
     return ForwardBatch(
         step_id=step_id,
         input_ids=np.asarray(input_ids, dtype=np.int32),
@@ -54,6 +58,8 @@ def build_forward(
         sampling=build_sampling(reqs),
         vocab_mask=build_vocab_mask(reqs, prefix_lens, extend_lens),
         logprob_starts=None if logprob_starts is None else np.array(logprob_starts, dtype=np.int32),
+        prefix_groups=None if groups is None else groups[0],
+        prefix_group_lens=None if groups is None else groups[1],
     )
 
 

@@ -1,11 +1,15 @@
 """Constrained decoding with xgrammar: compiled regex / JSON-schema / EBNF grammars (cached per
-spec), one matcher per request, and the per-step vocab bitmask the worker applies before sampling."""
+spec, compiled on a thread of their own so the router loop never waits for one), one matcher per
+request, and the per-step vocab bitmask the worker applies before sampling."""
 
 from __future__ import annotations
 
 import logging
+import queue
 import re
+import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +23,11 @@ logger = logging.getLogger(__name__)
 
 # distinct specs kept compiled; the least recently used goes first (clients can send any number)
 MAX_CACHED_GRAMMARS = 256
+# xgrammar threads per compile: the compile thread shares the cores with the router loop and the
+# workers, so one compile never takes more than one core
+COMPILE_THREADS = 1
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+GrammarKey = tuple[str, str]  # (kind, spec)
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: " and sometimes a failed check
 _ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
 _MAX_ERROR_CHARS = 400
@@ -54,15 +63,24 @@ class RequestGrammar:
 
 class GrammarCache:
     """Compiles grammars for one tokenizer and model vocabulary; each distinct (kind, spec) is
-    compiled once and kept (LRU, ``MAX_CACHED_GRAMMARS`` entries). Not thread-safe: the router
-    process calls it from its one loop."""
+    compiled once and kept (LRU, ``MAX_CACHED_GRAMMARS`` entries).
+
+    ``compile`` compiles on the caller's thread. The router uses ``lookup`` and
+    ``compile_in_background`` instead: a spec not cached yet compiles on a daemon thread while the
+    loop goes on, and ``collect`` (on the router's thread, like every other method) caches what
+    that thread finished."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.mask_width = -(-vocab_size // 32)
         # our own cache bounds memory; xgrammar's would grow with every distinct spec
-        self._compiler = xgr.GrammarCompiler(tokenizer_info(tokenizer, vocab_size), cache_enabled=False)
-        self._compiled: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._compiler = xgr.GrammarCompiler(
+            tokenizer_info(tokenizer, vocab_size), max_threads=COMPILE_THREADS, cache_enabled=False
+        )
+        self._compiled: OrderedDict[GrammarKey, xgr.CompiledGrammar] = OrderedDict()
+        self._inflight: dict[GrammarKey, Future[xgr.CompiledGrammar]] = {}
+        self._jobs: queue.SimpleQueue[tuple[GrammarKey, Future[xgr.CompiledGrammar]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self.hits = 0
         self.misses = 0
 
@@ -70,17 +88,60 @@ class GrammarCache:
         """The compiled grammar of ``spec``; ``kind`` is "regex", "json_schema" or "ebnf".
         GrammarError (with xgrammar's explanation) if it does not compile."""
         key = (kind, spec)
+        compiled = self.lookup(key)
+        if compiled is None:
+            compiled = self._compile(kind, spec)
+            self._store(key, compiled)
+        return compiled
+
+    def lookup(self, key: GrammarKey) -> xgr.CompiledGrammar | None:
+        """The cached grammar of ``key``, or None (counted as a miss) when it must be compiled."""
         compiled = self._compiled.get(key)
-        if compiled is not None:
-            self._compiled.move_to_end(key)
-            self.hits += 1
-            return compiled
-        compiled = self._compile(kind, spec)
-        self.misses += 1
+        if compiled is None:
+            self.misses += 1
+            return None
+        self._compiled.move_to_end(key)
+        self.hits += 1
+        return compiled
+
+    def compile_in_background(self, key: GrammarKey) -> Future[xgr.CompiledGrammar]:
+        """A future of ``key``'s compiled grammar (or its GrammarError), shared by every request
+        that asks while it compiles."""
+        future = self._inflight.get(key)
+        if future is None:
+            future = self._inflight[key] = Future()
+            self._jobs.put((key, future))
+            if self._thread is None:
+                # a daemon: a compile still running never holds the process up at exit
+                self._thread = threading.Thread(target=self._work, name="grammar-compile", daemon=True)
+                self._thread.start()
+        return future
+
+    def collect(self) -> None:
+        """Cache the grammars the compile thread finished, also those nobody waits for any more
+        (their requests timed out or left), so the next request with that spec finds it."""
+        for key, future in list(self._inflight.items()):
+            if future.done():
+                del self._inflight[key]
+                if future.exception() is None:
+                    self._store(key, future.result())
+
+    def matcher(self, compiled: xgr.CompiledGrammar) -> RequestGrammar:
+        return RequestGrammar(xgr.GrammarMatcher(compiled), self.mask_width)
+
+    def _work(self) -> None:
+        while True:
+            (kind, spec), future = self._jobs.get()
+            try:
+                future.set_result(self._compile(kind, spec))
+            except Exception as exc:  # handed to the request that waits; the thread goes on
+                future.set_exception(exc)
+
+    def _store(self, key: GrammarKey, compiled: xgr.CompiledGrammar) -> None:
         self._compiled[key] = compiled
+        self._compiled.move_to_end(key)
         if len(self._compiled) > MAX_CACHED_GRAMMARS:
             self._compiled.popitem(last=False)
-        return compiled
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
         try:
@@ -97,11 +158,17 @@ class GrammarCache:
 
     def for_request(self, sampling: SamplingParams) -> RequestGrammar | None:
         """A fresh matcher for the grammar ``sampling`` asks for, or None when it asks for none."""
-        for kind in ("regex", "json_schema", "ebnf"):
-            spec = getattr(sampling, kind)
-            if spec is not None:
-                return RequestGrammar(xgr.GrammarMatcher(self.compile(kind, spec)), self.mask_width)
-        return None
+        key = requested_grammar(sampling)
+        return None if key is None else self.matcher(self.compile(*key))
+
+
+def requested_grammar(sampling: SamplingParams) -> GrammarKey | None:
+    """The (kind, spec) ``sampling`` asks for, or None."""
+    for kind in GRAMMAR_KINDS:
+        spec = getattr(sampling, kind)
+        if spec is not None:
+            return kind, spec
+    return None
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:

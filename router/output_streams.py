@@ -12,7 +12,7 @@ from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.request import Request
 from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
 from radixcluster.router.text.prompt_memo import PromptMemo
-from radixcluster.router.text.stop_regex import RegexStopChecker
+from radixcluster.router.text.stop_regex import RegexStopChecker, StopRegexTimeout
 from radixcluster.router.text.tokenizer import Tokenizer
 
 
@@ -87,17 +87,23 @@ class OutputStreams:
 
     def collect(self, updated: list[Request], scheduler: Any) -> list[RequestOutput]:
         """Outputs for the requests a step advanced; applies stop strings through
-        ``scheduler.finish_request``."""
+        ``scheduler.finish_request``. A stop_regex that takes too long to search ends its own
+        request with a 400 (its pages go back through ``scheduler.abort_request``)."""
         outputs = []
         for req in updated:
             stream = self._streams.get(req.rid)
             if stream is None:
                 continue
-            text, stopped = stream.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
+            try:
+                text, stopped = stream.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
+                if req.finished and not stopped:
+                    text += stream.flush()
+            except StopRegexTimeout as exc:
+                scheduler.abort_request(req.rid, str(exc))
+                outputs.append(self.abort(req.rid, str(exc), 400))
+                continue
             if stopped and not req.finished:
                 scheduler.finish_request(req.rid, {"type": "stop", "matched": stream.matched})
-            if req.finished and not stopped:
-                text += stream.flush()
             out = self._delta(stream, text)
             if req.finished:
                 del self._streams[req.rid]

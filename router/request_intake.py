@@ -1,12 +1,14 @@
-"""Turn an api GenerateRequest into a scheduler Request: render the chat, tokenize, compile its
-grammar, and reject what cannot run (with a message that says why; the api answers it as a 400)."""
+"""Turn an api GenerateRequest into a scheduler Request: render the chat, tokenize, and reject
+what cannot run (with a message that says why; the api answers it as a 400). The request's grammar,
+if any, is the router's to compile."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from radixcluster.protocol import GenerateRequest
-from radixcluster.router.grammar import GrammarCache, GrammarError
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
@@ -18,34 +20,63 @@ class RequestRejected(ValueError):
 
 
 class RequestIntake:
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int) -> None:
+    """``pool_tokens``: the KV pool's size; a request's prompt + output must fit it whole (and the
+    context), or it could never run even alone.
+
+    Tokenizing runs on the router's loop, so a text is refused unread when it is too long to be
+    any prompt: no token stands for more than the tokenizer's longest entry, so a text of more
+    than ``max_text_chars`` characters has more tokens than the context holds."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_length = context_length
-        self.grammars = GrammarCache(tokenizer, vocab_size)
+        self.pool_tokens = pool_tokens
+        self.max_text_chars = context_length * tokenizer.longest_token_chars()
         self.memo = PromptMemo()
+        # the text encoded last and its ids: the n samples of one prompt arrive one after another
+        self._last: tuple[str, bool, np.ndarray] | None = None
+
+    def check_text(self, text: str, what: str = "the prompt") -> None:
+        """RequestRejected when ``text`` is longer than any prompt can be."""
+        if len(text) > self.max_text_chars:
+            raise RequestRejected(
+                f"{what} has {len(text)} characters; no text of more than {self.max_text_chars} characters fits "
+                f"this model's context of {self.context_length} tokens"
+            )
 
     def prompt(self, msg: GenerateRequest) -> tuple[str | None, np.ndarray]:
         """The prompt's text (None for input_ids) and token ids; a chat is rendered with the
         model's template first. A text that extends one the router produced whole (an earlier
         prompt + answer) keeps that text's ids and encodes only the rest."""
         if msg.input_ids is not None:
-            return None, np.asarray(msg.input_ids, dtype=np.int64)
+            return None, _token_ids(msg.input_ids, "input_ids")
         if msg.messages is None and msg.text is None:
             raise RequestRejected("one of text, input_ids or messages is required")
         try:
             text, add_special = prompt_text(self.tokenizer, msg.text, msg.messages)
         except ValueError as exc:
             raise RequestRejected(f"invalid chat messages: {exc}") from exc
+        self.check_text(text)
+        if self._last is not None and self._last[1] == add_special and self._last[0] == text:
+            return text, self._last[2]
+        ids = self._encode(text, add_special)
+        self._last = (text, add_special, ids)
+        return text, ids
+
+    def _encode(self, text: str, add_special: bool) -> np.ndarray:
         known = self.memo.longest_prefix(text)
         if known is None:
-            return text, np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
         known_text, known_ids = known
         rest = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
-        return text, np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
+        return np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
 
     def make_request(self, msg: GenerateRequest) -> tuple[Request, str | None]:
-        """The scheduler's request and the prompt's text (for the memo once it finishes)."""
+        """The scheduler's request (without its grammar) and the prompt's text (for the memo once
+        it finishes)."""
+        _check_integers(msg)
+        sampling = msg.sampling
         text, ids = self.prompt(msg)
         ids = ids.reshape(-1)
         if ids.size == 0:
@@ -56,14 +87,9 @@ class RequestIntake:
                 f"the prompt has {ids.size} tokens; this model's context length is {self.context_length} "
                 f"(prompt + output must fit)"
             )
-        sampling = msg.sampling
+        self._check_fits(int(ids.size), sampling.max_new_tokens)
         if sampling.stop_token_ids:
-            self._check_ids(np.asarray(sampling.stop_token_ids, dtype=np.int64), "stop_token_ids")
-        try:
-            # compiled here, before the scheduler sees it: a new spec costs milliseconds, a known one nothing
-            grammar = self.grammars.for_request(sampling)
-        except GrammarError as exc:
-            raise RequestRejected(str(exc)) from exc
+            self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
         request = Request(
             rid=msg.rid,
             prompt_ids=ids.astype(np.int32),
@@ -73,9 +99,17 @@ class RequestIntake:
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),
-            grammar=grammar,
         )
         return request, text
+
+    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        total = prompt_len + max_new_tokens
+        for limit, what in ((self.context_length, "this model's context length"), (self.pool_tokens, "the KV pool")):
+            if total > limit:
+                raise RequestRejected(
+                    f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {total} tokens "
+                    f"exceed {what} of {limit} tokens: lower max_new_tokens or shorten the prompt"
+                )
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]
@@ -83,3 +117,27 @@ class RequestIntake:
             raise RequestRejected(
                 f"{what} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
             )
+
+
+def _token_ids(values: Sequence[int], what: str) -> np.ndarray:
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        raise RequestRejected(f"{what} holds a value that is no token id") from None
+
+
+def _check_integers(msg: GenerateRequest) -> None:
+    """The integer ranges the batch builder's arrays hold (the api checks them first; a message
+    from any other client must not reach a step)."""
+    s = msg.sampling
+    ranges = {
+        "top_logprobs_num": (msg.top_logprobs_num, 0, INT32_MAX),
+        "logprob_start_len": (msg.logprob_start_len, -1, INT32_MAX),
+        "max_new_tokens": (s.max_new_tokens, 0, INT32_MAX),
+        "min_new_tokens": (s.min_new_tokens, 0, INT32_MAX),
+        "top_k": (s.top_k, -1, INT32_MAX),
+        "seed": (-1 if s.seed is None else s.seed, INT64_MIN, INT64_MAX),
+    }
+    for name, (value, low, high) in ranges.items():
+        if not low <= value <= high:
+            raise RequestRejected(f"{name} must be within [{low}, {high}], got {value}")

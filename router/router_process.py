@@ -1,15 +1,21 @@
 """The router process: the only holder of request state. It turns api messages into scheduler
-requests, runs one step at a time against rank 0 over ZeroMQ, and streams outputs back."""
+requests, runs one step at a time against rank 0 over ZeroMQ, and streams outputs back.
+
+No request can end the process: each api message and each step is guarded, and what cannot be
+served ends with an error to its own client (400 for the client's fault, 500 for ours, 429 when the
+queue is full) while everyone else goes on. The launcher alone stops it (a word on the control
+pipe, or the pipe closing when the launcher dies)."""
 
 from __future__ import annotations
 
 import logging
 import signal
-import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -26,9 +32,14 @@ from radixcluster.protocol import (
     decode,
     encode,
 )
+from radixcluster.router.batch_builder import ScheduledBatch
+from radixcluster.router.grammar import GrammarCache, requested_grammar
+from radixcluster.router.grammar_waits import GrammarWaits
 from radixcluster.router.output_streams import OutputStreams
+from radixcluster.router.request import Request
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
+from radixcluster.router.step_times import StepTimes
 from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.router.tree_events import TreeEventLog
 
@@ -36,6 +47,13 @@ logger = logging.getLogger(__name__)
 
 Executor = Callable[[ForwardBatch], StepResult]
 EVENTS_HWM = 100_000
+# what a request that waits for its grammar carries until it can be queued
+Pending = tuple[GenerateRequest, Request, "str | None"]
+
+SHUTDOWN_MESSAGE = "the server is shutting down"
+# how long the loop sleeps in a poll: idle, or only waiting for grammars to compile
+IDLE_POLL_MS = 100
+COMPILING_POLL_MS = 10
 
 
 @dataclass(slots=True)
@@ -64,6 +82,7 @@ class RouterConfig:
     tp_size: int
     device: str
     dtype: str
+    max_queued_requests: int  # waiting (and compiling) requests beyond which new ones get a 429
     log_level: str = "warning"
 
 
@@ -90,52 +109,147 @@ class Router:
             ),
             on_tree_event=tree_events.on_event if tree_events is not None else None,
         )
-        self.intake = RequestIntake(self.tokenizer, model_config.vocab_size, config.context_length)
+        self.intake = RequestIntake(
+            self.tokenizer, model_config.vocab_size, config.context_length, config.num_pages * config.page_size
+        )
+        self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size)
+        self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo)
+        self.step_times = StepTimes()
+        self.aborted_total = 0
+        self._batch: ScheduledBatch | None = None  # the step in progress
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
         if isinstance(msg, GenerateRequest):
             try:
-                request, prompt_text = self.intake.make_request(msg)
+                return self._submit(msg)
             except RequestRejected as exc:
-                return [RequestOutput(rid=msg.rid, finished=True, error=str(exc), status=400)]
-            self.streams.open(msg, request, prompt_text)
-            self.scheduler.add_request(request)
-            return []
+                return [_failed(msg.rid, str(exc), 400)]
+            except Exception:
+                logger.exception("admitting request %s failed", msg.rid)
+                self._forget(msg.rid)
+                return [_failed(msg.rid, "internal error while admitting the request", 500)]
         if isinstance(msg, AbortRequest):
-            rids = self.streams.rids() if msg.abort_all else [msg.rid] if msg.rid in self.streams else []
+            rids = self.streams.rids() + self.compiling.rids() if msg.abort_all else [msg.rid]
             aborted: list[RequestOutput | ControlResponse] = [*self._abort(rids, "the request was aborted", 200)]
             return aborted
         if isinstance(msg, ControlRequest):
-            return [self._control(msg)]
+            try:
+                return [self._control(msg)]
+            except Exception:
+                logger.exception("control request %r failed", msg.kind)
+                return [ControlResponse(msg.cid, error=f"internal error while answering {msg.kind!r}")]
         logger.warning("ignoring unexpected message %s", type(msg).__name__)
         return []
 
+    def _submit(self, msg: GenerateRequest) -> list[RequestOutput | ControlResponse]:
+        if msg.rid in self.streams or msg.rid in self.compiling:
+            raise RequestRejected(f"request id {msg.rid!r} is already running")
+        queued = self.queued()
+        if queued >= self.config.max_queued_requests:
+            return [_failed(msg.rid, f"the server is busy: {queued} requests are queued; retry later", 429)]
+        request, prompt_text = self.intake.make_request(msg)
+        key = requested_grammar(msg.sampling)
+        if key is not None:
+            compiled = self.grammars.lookup(key)
+            if compiled is None:
+                self.compiling.add(msg.rid, key, (msg, request, prompt_text))
+                return []
+            request.grammar = self.grammars.matcher(compiled)
+        self._queue(msg, request, prompt_text)
+        return []
+
+    def _queue(self, msg: GenerateRequest, request: Request, prompt_text: str | None) -> None:
+        self.streams.open(msg, request, prompt_text)
+        self.scheduler.add_request(request)
+
+    def _forget(self, rid: str) -> None:
+        """Drop whatever a request that failed half-way left behind."""
+        self.compiling.cancel(rid)
+        self.scheduler.abort_request(rid)
+        self.streams.close(rid)
+
+    def queued(self) -> int:
+        """Requests not admitted yet: waiting in the scheduler, or for their grammar."""
+        return len(self.scheduler.waiting) + len(self.compiling)
+
     def idle(self) -> bool:
-        return self.scheduler.is_idle()
+        return self.scheduler.is_idle() and not self.compiling
+
+    def poll_timeout_ms(self) -> int:
+        """How long the loop may wait for a message before it must step again."""
+        if not self.scheduler.is_idle():
+            return 0
+        return COMPILING_POLL_MS if self.compiling else IDLE_POLL_MS
 
     def step(self, execute: Executor) -> list[RequestOutput]:
-        """Schedule and run one batch; returns the outputs it produced (empty when idle)."""
-        batch = self.scheduler.schedule()
+        """Queue the requests whose grammar compiled, then schedule and run one batch; returns
+        the outputs produced. A step that raises fails the requests it was serving (500), and
+        only those."""
+        outputs = self._admit_compiled()
+        try:
+            outputs += self._step(execute)
+        except Exception:
+            failed = (
+                self._batch.requests if self._batch is not None else self.scheduler.running + self.scheduler.prefilling
+            )
+            logger.exception("a step failed; ending its %d requests with an error", len(failed))
+            rids = [r.rid for r in failed if r.rid in self.streams]
+            outputs += self._abort(rids, "internal error while running the request", 500)
+        finally:
+            self._batch = None
+        return outputs
+
+    def _step(self, execute: Executor) -> list[RequestOutput]:
+        start = time.perf_counter()
+        self._batch = batch = self.scheduler.schedule()
         if batch is None:
             return []
         result = execute(batch.forward)
         advanced = self.scheduler.process_result(batch, result)
         if result.error is not None:
             logger.error("step %d failed on the worker: %s", result.step_id, result.error)
+            self.aborted_total += len(advanced)
             message = f"internal error in the model worker: {result.error}"
-            return [self.streams.abort(r.rid, message, 500) for r in advanced if r.rid in self.streams]
-        return self.streams.collect(advanced, self.scheduler)
+            outputs = [self.streams.abort(r.rid, message, 500) for r in advanced if r.rid in self.streams]
+        else:
+            outputs = self.streams.collect(advanced, self.scheduler)
+        self.step_times.observe(time.perf_counter() - start)
+        return outputs
+
+    def _admit_compiled(self) -> list[RequestOutput]:
+        outputs = []
+        for done in self.compiling.finished():
+            msg, request, prompt_text = done.payload
+            if done.grammar is None:
+                outputs.append(_failed(msg.rid, done.error or "the grammar did not compile", done.status))
+                continue
+            request.grammar = done.grammar
+            try:
+                self._queue(msg, request, prompt_text)
+            except Exception:
+                logger.exception("queueing request %s failed", msg.rid)
+                self._forget(msg.rid)
+                outputs.append(_failed(msg.rid, "internal error while admitting the request", 500))
+        return outputs
 
     def abort_all(self, message: str, status: int = 200) -> list[RequestOutput]:
-        """End every open request (shutdown)."""
-        return self._abort(self.streams.rids(), message, status)
+        """End every open request (shutdown), those waiting for a grammar too."""
+        return self._abort(self.compiling.rids() + self.streams.rids(), message, status)
 
     def _abort(self, rids: list[str], message: str, status: int) -> list[RequestOutput]:
+        """End ``rids`` from outside (their client, shutdown, a failed step), whether they wait
+        for their grammar or run; ids that already ended are skipped."""
+        outputs = []
         for rid in rids:
-            self.scheduler.abort_request(rid, message)
-        return [self.streams.abort(rid, message, status) for rid in rids]
+            if self.compiling.cancel(rid):
+                outputs.append(_aborted(rid, message, status))
+            elif rid in self.streams:
+                self.scheduler.abort_request(rid, message)
+                outputs.append(self.streams.abort(rid, message, status))
+        self.aborted_total += len(outputs)
+        return outputs
 
     def _control(self, msg: ControlRequest) -> ControlResponse:
         if msg.kind == "flush_cache":
@@ -160,27 +274,38 @@ class Router:
             return ControlResponse(msg.cid, self.tree_events.snapshot(self.scheduler.tree.root))
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
 
-    def _stats(self) -> dict:
-        """The scheduler's counters and gauges, the tokens streamed, the last tree event."""
+    def _stats(self) -> dict[str, Any]:
+        """The scheduler's counters and gauges, the router's own, and the last tree event, for /metrics."""
         events = self.tree_events
         return {
             **self.scheduler.stats(),
+            "waiting_requests": self.queued(),
             "generation_tokens_total": self.streams.generated_tokens_total,
+            "aborted_requests_total": self.aborted_total,
+            "step_seconds": self.step_times.snapshot(),
+            "seconds_since_last_step": self.step_times.seconds_since_last(),
             "tree_events_instance": events.instance if events is not None else None,
             "tree_events_seq": events.seq if events is not None else None,
         }
 
     def _tokenize(self, args: dict) -> dict:
         """``{"tokens": [ids of each prompt]}``: ``prompts`` encoded as /generate would, or
-        ``messages`` rendered with the chat template first; ValueError on a bad chat."""
+        ``messages`` rendered with the chat template first; ValueError on a bad chat, or on
+        more text than one prompt can hold (tokenizing it would hold up the loop)."""
         if "messages" in args:
             text = self.tokenizer.apply_chat_template(args["messages"], args.get("add_generation_prompt", True))
+            self.intake.check_text(text, "the rendered chat")
             return {"tokens": [self.tokenizer.encode(text, add_special_tokens=False)]}
+        self.intake.check_text("".join(args["prompts"]), "the text to tokenize")
         add_special = bool(args.get("add_special_tokens", True))
         return {"tokens": [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]}
 
     def _detokenize(self, args: dict) -> dict:
-        """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary."""
+        """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary, or
+        on more ids than /tokenize may return at once."""
+        count, most = sum(map(len, args["tokens"])), self.intake.max_text_chars
+        if count > most:
+            raise ValueError(f"{count} token ids to detokenize; at most {most} per request")
         vocab = self.intake.vocab_size
         for ids in args["tokens"]:
             bad = [t for t in ids if not 0 <= t < vocab]
@@ -207,8 +332,21 @@ class Router:
             "device": c.device,
             "dtype": c.dtype,
             "vocab_size": self.intake.vocab_size,
+            "max_queued_requests": c.max_queued_requests,
             "kv_events_address": self.tree_events.address if self.tree_events is not None else None,
         }
+
+
+def _failed(rid: str, message: str, status: int) -> RequestOutput:
+    return RequestOutput(rid=rid, finished=True, error=message, status=status)
+
+
+def _aborted(rid: str, message: str, status: int) -> RequestOutput:
+    """The only output of a request ended from outside before it was queued."""
+    out = RequestOutput(rid=rid, finished=True, finish_reason={"type": "abort", "message": message})
+    if status != 200:
+        out.error, out.status = message, status
+    return out
 
 
 class RouterSockets:
@@ -252,30 +390,46 @@ class RouterSockets:
         for event in tree_events.drain():
             self.events.send(encode(event), zmq.NOBLOCK)
 
-    def send(self, outputs: list) -> None:
+    def send(self, outputs: list, block: bool = True) -> None:
+        """Send outputs to the api; one that cannot be encoded becomes an error for its request.
+        ``block=False`` drops what the api (gone at shutdown) does not take."""
         for out in outputs:
-            self.outputs.send(encode(out))
+            try:
+                frame = encode(out)
+            except Exception:
+                logger.exception("cannot encode an output of %s", getattr(out, "rid", "?"))
+                frame = encode(_failed(out.rid, "internal error while sending the output", 500))
+            try:
+                self.outputs.send(frame, 0 if block else zmq.NOBLOCK)
+            except zmq.Again:
+                return
 
     def close(self) -> None:
-        self.batches.send(encode(Shutdown()))
+        try:
+            self.batches.send(encode(Shutdown()), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # rank 0 is gone
         self.ctx.destroy(linger=1000)
 
 
-def run_router(config: RouterConfig, addresses: RouterAddresses, ready: Connection) -> None:
-    """Entry point of the router process: serve until SIGTERM, then abort what is left."""
+def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connection) -> None:
+    """Entry point of the router process: say "ready" on ``control``, then serve until the
+    launcher says anything more on it or closes it; abort what is left."""
     logging.basicConfig(level=getattr(logging, config.log_level.upper()))
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)  # the launcher decides when we stop, after the api drained
     router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)
     sockets = RouterSockets(addresses)
     if router.tree_events is not None:
         router.tree_events.address = sockets.events_address()
-    ready.send("ready")
+    sockets.poller.register(control.fileno(), zmq.POLLIN)
+    control.send("ready")
     try:
-        while not stopping.is_set():
-            timeout = 100 if router.idle() else 0
-            if sockets.poller.poll(timeout):
+        while True:
+            events = dict(sockets.poller.poll(router.poll_timeout_ms()))
+            if control.fileno() in events:
+                break
+            if sockets.requests in events:
                 while True:
                     try:
                         frame = sockets.requests.recv(zmq.NOBLOCK)
@@ -287,7 +441,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, ready: Connecti
             outputs = router.step(sockets.execute)
             sockets.publish(router.tree_events)  # a prefix is announced before its request's output
             sockets.send(outputs)
-        sockets.send(router.abort_all("the server is shutting down"))
+        sockets.send(router.abort_all(SHUTDOWN_MESSAGE, 503), block=False)
     finally:
         sockets.close()
 

@@ -137,8 +137,8 @@ class Scheduler:
         """The next step to run, or None when there is nothing to do (the pool is checked then)."""
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch is None and self.is_idle() and not self._idle_checked:
+            self._idle_checked = True  # once per idle spell, even when it raises
             self.check_integrity()
-            self._idle_checked = True
         return batch
 
     def _schedule_prefill(self) -> ScheduledBatch | None:

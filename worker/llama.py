@@ -8,11 +8,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from radixcluster.kernels.activation import silu_and_mul
 from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.attention_backend import TORCH_BACKEND, AttentionBackend
-from radixcluster.kernels.norm import add_rms_norm, rms_norm
-from radixcluster.kernels.rotary import apply_rotary, rope_cos_sin, rope_inv_freq
+from radixcluster.kernels.layer_ops import LayerOps
+from radixcluster.kernels.rotary import rope_cos_sin, rope_inv_freq
 from radixcluster.model_config import ModelConfig
 from radixcluster.worker.kv_pool import KVPool
 from radixcluster.worker.parallel import TPGroup
@@ -36,16 +35,18 @@ PACKED_MODULES = {
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden: int, eps: float) -> None:
+    def __init__(self, hidden: int, eps: float, ops: LayerOps) -> None:
         super().__init__()
         self.eps = eps
+        self.ops = ops
         self.weight = nn.Parameter(torch.empty(hidden), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The normalised input and the new residual stream (``x`` itself when none is given)."""
+        """The normalised input and the new residual stream (``x`` itself when none is given).
+        With a residual, both inputs' storage may be reused for the results."""
         if residual is None:
-            return rms_norm(x, self.weight, self.eps), x
-        return add_rms_norm(x, residual, self.weight, self.eps)
+            return self.ops.rms_norm(x, self.weight, self.eps), x
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -69,33 +70,33 @@ class LlamaAttention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
-        tokens, d = x.shape[0], self.head_dim
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)
-        q = apply_rotary(q.view(tokens, self.num_heads, d), cos, sin)
-        k = apply_rotary(k.view(tokens, self.num_kv_heads, d), cos, sin)
-        self.attention.store_kv(k_cache, v_cache, meta.slot_mapping, k, v.view(tokens, self.num_kv_heads, d))
+        q = self.attention.layer_ops.rope_and_store(
+            self.qkv_proj(x), cos, sin, k_cache, v_cache, meta.slot_mapping, self.num_heads, self.num_kv_heads
+        )
         out = self.attention.paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.view(tokens, self.num_heads * d))
+        return self.o_proj(out.view(x.shape[0], self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, tp: TPGroup) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup, ops: LayerOps) -> None:
         super().__init__()
         width = config.intermediate_size
+        self.ops = ops
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [width, width], False, tp)
         self.down_proj = RowParallelLinear(width, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend) -> None:
         super().__init__()
+        ops = attention.layer_ops
         self.self_attn = LlamaAttention(config, tp, attention)
-        self.mlp = LlamaMLP(config, tp)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config, tp, ops)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
     def forward(
         self,
@@ -120,14 +121,15 @@ class LlamaModel(nn.Module):
         layers = [LlamaDecoderLayer(config, tp, attention) for _ in range(config.num_layers)]
         self.layers = nn.ModuleList(layers)
         self.local_kv_heads = layers[0].self_attn.num_kv_heads  # this rank's (replicated past tp > heads)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, attention.layer_ops)
         # a plain attribute, not a buffer: it stays float32 when the model is cast
         self.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
 
 class LlamaForCausalLM(nn.Module):
     """Create it under ``torch.device(...)``, cast with ``.to(dtype)``, then ``load_weights``.
-    ``attention`` is the paged-attention implementation every layer calls."""
+    ``attention`` is the paged-attention implementation every layer calls, with its set of
+    elementwise steps."""
 
     def __init__(self, config: ModelConfig, tp: TPGroup, attention: AttentionBackend = TORCH_BACKEND) -> None:
         super().__init__()

@@ -3,6 +3,7 @@ cache, and (on rank 0) sample the next tokens into a ``StepResult``."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,16 +17,21 @@ from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
 from radixcluster.worker.kv_pool import KVPool
 from radixcluster.worker.llama import LlamaForCausalLM
+from radixcluster.worker.packed_linear import prepack_linears
 from radixcluster.worker.parallel import TPGroup
 from radixcluster.worker.sampler import sample
 from radixcluster.worker.weights import iter_weights
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, kw_only=True)
 class RunnerConfig:
     """What one rank runs: the model, its place in the TP group, and the KV pool's size.
     ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``attention_backend`` is
-    ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``."""
+    ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
+    ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
+    the linear weights on CPU (packed_linear.py)."""
 
     model_path: Path
     tp_rank: int = 0
@@ -37,6 +43,7 @@ class RunnerConfig:
     dtype: torch.dtype | None = None
     device: str = "cpu"
     attention_backend: str = "auto"
+    prepack_weights: bool = True
 
 
 @dataclass(slots=True)
@@ -59,7 +66,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = config.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tp = TPGroup(config.tp_rank, config.tp_size)
-        self.attention = select_attention_backend(self.device, config.attention_backend)
+        self.attention = select_attention_backend(self.device, config.attention_backend, self.model_config.head_dim)
+        detail = f" ({self.attention.detail})" if self.attention.detail else ""
+        logger.info("rank %d runs the %s attention path%s", config.tp_rank, self.attention.name, detail)
         with torch.device(self.device):
             self.model = LlamaForCausalLM(self.model_config, self.tp, self.attention)
         self.model.to(self.dtype).eval()
@@ -67,6 +76,8 @@ class ModelRunner:
             self.model.load_weights(
                 weights if weights is not None else iter_weights(config.model_path, self.model_config)
             )
+        if config.prepack_weights and self.device.type == "cpu":
+            prepack_linears(self.model)
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
             num_pages=config.num_pages,
@@ -126,6 +137,8 @@ class ModelRunner:
             self.config.page_size,
             self.device,
             gather_rows=self.attention.gather_rows,
+            shared_groups=batch.prefix_groups,
+            shared_lens=batch.prefix_group_lens,
         )
         last_rows = np.cumsum(batch.extend_lens, dtype=np.int64) - 1
         prompt_rows = _prompt_rows(batch.extend_lens, batch.logprob_starts)

@@ -47,11 +47,16 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str | None = None) -> TPGroup:
-    """Join the default process group of ``size`` ranks (e.g. ``tcp://127.0.0.1:PORT``) and
-    return this rank's group. ``size == 1`` creates no process group."""
+def init_tensor_parallel(
+    rank: int, size: int, init_method: str | None = None, backend: str | None = None, store: dist.Store | None = None
+) -> TPGroup:
+    """Join the default process group of ``size`` ranks, through ``init_method`` (e.g.
+    ``tcp://127.0.0.1:PORT``) or a rendezvous ``store``, and return this rank's group.
+    ``size == 1`` creates no process group."""
     if size > 1:
-        dist.init_process_group(backend or default_backend(), init_method=init_method, rank=rank, world_size=size)
+        dist.init_process_group(
+            backend or default_backend(), init_method=init_method, store=store, rank=rank, world_size=size
+        )
     return TPGroup(rank, size)
 
 

@@ -4,9 +4,10 @@ broadcasts them to the other ranks, every rank runs its shard, rank 0 answers wi
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,9 @@ class WorkerConfig:
     batch_address: str  # the router binds; rank 0 connects (PULL)
     result_address: str  # the router binds; rank 0 connects (PUSH)
     num_threads: int
+    # the environment this rank's process starts with (OpenMP threads and their cores): set
+    # before torch loads, so Ray applies it when it starts the actor's process
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class TPWorker:
@@ -34,21 +38,36 @@ class TPWorker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.runner: ModelRunner | None = None
+        self._rendezvous: socket.socket | None = None
 
-    def free_port(self) -> int:
-        """A free TCP port on this rank's node, for the TP group's rendezvous."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    def open_rendezvous(self) -> int:
+        """Rank 0: listen on a loopback port for the TP group's rendezvous and return it. The
+        socket stays open until ``load`` hands it to the store (no other process can take the
+        port in between)."""
+        self._rendezvous = socket.socket()
+        self._rendezvous.bind(("127.0.0.1", 0))
+        self._rendezvous.listen(128)
+        return self._rendezvous.getsockname()[1]
 
-    def load(self, dist_init_method: str) -> None:
-        """Join the TP group (``tcp://127.0.0.1:port``: a group lives on one node) and load this
-        rank's shard. All ranks call it concurrently."""
+    def load(self, port: int) -> None:
+        """Join the TP group through rank 0's rendezvous on 127.0.0.1:``port`` (a group lives on
+        one node, and nothing of it listens beyond loopback) and load this rank's shard. All
+        ranks call it concurrently."""
         cfg = self.config
         torch.set_num_threads(cfg.num_threads)
-        if cfg.runner.tp_size > 1:
+        rank, size = cfg.runner.tp_rank, cfg.runner.tp_size
+        rendezvous, self._rendezvous = self._rendezvous, None
+        if size > 1:
             backend = "nccl" if cfg.runner.device.startswith("cuda") else "gloo"
-            init_tensor_parallel(cfg.runner.tp_rank, cfg.runner.tp_size, dist_init_method, backend)
+            listener = rendezvous.detach() if rendezvous is not None else None
+            # the master's socket is ours (bound to loopback); libuv's store would bind its own
+            store = dist.TCPStore(
+                "127.0.0.1", port, size, is_master=rank == 0, master_listen_fd=listener, use_libuv=False
+            )
+            os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # gloo's pairs listen on loopback too
+            init_tensor_parallel(rank, size, backend=backend, store=store)
+        elif rendezvous is not None:
+            rendezvous.close()  # a group of one needs no rendezvous
         self.runner = ModelRunner(cfg.runner)
 
     def serve(self) -> None:
@@ -85,6 +104,11 @@ def _step(runner: ModelRunner, batch: ForwardBatch) -> StepResult | None:
     except Exception as exc:  # a failed step fails its requests, not the server
         logger.error("step %d failed:\n%s", batch.step_id, traceback.format_exc())
         return StepResult(step_id=batch.step_id, next_token_ids=None, error=f"{type(exc).__name__}: {exc}")
+
+
+def _loopback_interface() -> str:
+    names = [name for _, name in socket.if_nameindex()]
+    return next((name for name in names if name.startswith("lo")), "lo")
 
 
 def _broadcast_frame(frame: bytes, rank: int) -> bytes:

@@ -67,6 +67,7 @@ def summarize(records: list[RequestRecord], duration_s: float, label: str, confi
             "submit": r.submit,
             "prompt_tokens": len(r.prompt_ids),
             "output_tokens": len(r.output_ids),
+            "output_ids": r.output_ids,  # to compare two engines' greedy outputs
             "cached_tokens": r.cached_tokens,
             "predicted_cached_tokens": r.predicted_cached_tokens,
             "replica": r.replica,

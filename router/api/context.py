@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
 
-# after SIGTERM, in-flight requests get this long before uvicorn cancels them
-API_DRAIN_S = 5
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -23,6 +22,8 @@ class ApiConfig:
     api_key: str | None
     served_model_name: str
     max_body_bytes: int = 16 * 2**20
+    # after SIGTERM, requests in flight get this long to finish before they end with an error
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
 
 
 @dataclass(slots=True)
@@ -31,3 +32,5 @@ class ApiContext:
     client: RouterClient
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    # set by SIGTERM: /health and every new request answer 503, requests in flight go on
+    draining: bool = False

@@ -23,45 +23,46 @@ T = TypeVar("T")
 
 # nginx's code for "the client closed the request": nobody reads it, the log does.
 CLIENT_CLOSED = 499
+DEADLINE_EXCEEDED = 504
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Generation:
-    """Everything one request has produced so far (the router sends deltas)."""
+    """One request as it stood after one output of the router (which sends deltas).
+
+    Outputs of a request can queue up before a route reads them (a slow reader, a busy event
+    loop), so each is a value of its own: its delta (``new_text``, ``new_output_logprobs``) and
+    its view of the request's growing lists never change once made."""
 
     rid: str
     return_logprob: bool = False
     top_logprobs_num: int = 0
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
+    text: str = ""  # everything so far (strings are immutable: no copy)
+    new_text: str = ""
+    new_output_logprobs: list[list[Any]] = field(default_factory=list)
     finished: bool = False
     finish_reason: dict[str, Any] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    output_logprobs: list[list[Any]] = field(default_factory=list)
     input_logprobs: list[list[Any]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
-    token_texts: dict[int, str] = field(default_factory=dict)
     e2e_latency: float = 0.0
-    # what the last update added, for streams that send deltas
-    new_text: str = ""
-    new_output_logprobs: list[list[Any]] = field(default_factory=list)
+    # the request's lists, shared by its Generations and only ever appended to: each reads
+    # its own prefix (and the texts of token ids, which never change once known)
+    token_texts: dict[int, str] = field(default_factory=dict)
+    all_output_ids: list[int] = field(default_factory=list)
+    num_output_ids: int = 0
+    all_output_logprobs: list[list[Any]] = field(default_factory=list)
+    num_output_logprobs: int = 0
 
-    def add(self, out: RequestOutput) -> None:
-        self.text += out.text
-        self.output_ids.extend(out.output_ids)
-        self.output_logprobs.extend(out.output_logprobs)
-        self.input_logprobs.extend(out.input_logprobs)
-        self.input_top_logprobs.extend(out.input_top_logprobs)
-        self.token_texts.update(out.token_texts)
-        self.new_text = out.text
-        self.new_output_logprobs = out.output_logprobs
-        self.prompt_tokens = out.prompt_tokens
-        self.completion_tokens = out.completion_tokens
-        self.cached_tokens = out.cached_tokens
-        self.finished = out.finished
-        self.finish_reason = out.finish_reason
+    @property
+    def output_ids(self) -> list[int]:
+        return self.all_output_ids[: self.num_output_ids]
+
+    @property
+    def output_logprobs(self) -> list[list[Any]]:
+        return self.all_output_logprobs[: self.num_output_logprobs]
 
     @property
     def finish_type(self) -> str | None:
@@ -80,42 +81,105 @@ class Generation:
         }
         if self.return_logprob:
             text = self.token_texts.get
+            output_logprobs = self.output_logprobs
             meta["input_token_logprobs"] = [[lp, tid, text(tid)] for lp, tid in self.input_logprobs]
-            meta["output_token_logprobs"] = [[lp, tid, text(tid)] for lp, tid, _ in self.output_logprobs]
+            meta["output_token_logprobs"] = [[lp, tid, text(tid)] for lp, tid, _ in output_logprobs]
             if self.top_logprobs_num > 0:
                 meta["input_top_logprobs"] = [
                     None if tops is None else [[tlp, tid, text(tid)] for tlp, tid in tops]
                     for tops in self.input_top_logprobs
                 ]
                 meta["output_top_logprobs"] = [
-                    [[tlp, tid, text(tid)] for tlp, tid in tops] for _, _, tops in self.output_logprobs
+                    [[tlp, tid, text(tid)] for tlp, tid in tops] for _, _, tops in output_logprobs
                 ]
-        return {"text": self.text, "output_ids": list(self.output_ids), "meta_info": meta}
+        return {"text": self.text, "output_ids": self.output_ids, "meta_info": meta}
+
+
+class _Progress:
+    """What one request has produced so far; ``add`` folds in a delta and returns the request's
+    state after it."""
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.last = Generation(
+            rid=request.rid, return_logprob=request.return_logprob, top_logprobs_num=request.top_logprobs_num
+        )
+
+    def add(self, out: RequestOutput, e2e_latency: float) -> Generation:
+        last = self.last
+        last.all_output_ids.extend(out.output_ids)
+        last.all_output_logprobs.extend(out.output_logprobs)
+        last.token_texts.update(out.token_texts)
+        self.last = Generation(
+            rid=last.rid,
+            return_logprob=last.return_logprob,
+            top_logprobs_num=last.top_logprobs_num,
+            text=last.text + out.text,
+            new_text=out.text,
+            new_output_logprobs=out.output_logprobs,
+            finished=out.finished,
+            finish_reason=out.finish_reason,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            input_logprobs=last.input_logprobs + out.input_logprobs if out.input_logprobs else last.input_logprobs,
+            input_top_logprobs=(
+                last.input_top_logprobs + out.input_top_logprobs if out.input_top_logprobs else last.input_top_logprobs
+            ),
+            e2e_latency=e2e_latency,
+            token_texts=last.token_texts,
+            all_output_ids=last.all_output_ids,
+            num_output_ids=len(last.all_output_ids),
+            all_output_logprobs=last.all_output_logprobs,
+            num_output_logprobs=len(last.all_output_logprobs),
+        )
+        return self.last
 
 
 async def run_generation(
-    client: RouterClient, request: GenerateRequest, metrics: ApiMetrics
+    client: RouterClient, request: GenerateRequest, metrics: ApiMetrics, deadline: float | None = None
 ) -> AsyncIterator[Generation]:
-    """Yield the request's Generation after each output; a router rejection raises ApiError."""
-    gen = Generation(rid=request.rid, return_logprob=request.return_logprob, top_logprobs_num=request.top_logprobs_num)
+    """Yield the request's Generation after each output; a router rejection raises ApiError, and
+    so does ``deadline`` (a ``time.monotonic()``) passing first (504; the request is aborted)."""
+    progress = _Progress(request)
     start = last_token = time.monotonic()
     first = True
-    async for out in client.generate(request):
-        if out.error is not None:
-            raise ApiError(out.status if out.status >= 400 else 500, out.error)
-        now = time.monotonic()
-        if out.output_ids:
-            if first:
-                metrics.time_to_first_token.observe(now - start)
-            else:
-                metrics.inter_token_latency.observe((now - last_token) / len(out.output_ids))
-            first = False
-            last_token = now
-        gen.add(out)
-        if gen.finished:
-            gen.e2e_latency = now - start
-            metrics.e2e_request_latency.observe(gen.e2e_latency)
-        yield gen
+    outputs = client.generate(request)
+    try:
+        while True:
+            try:
+                out = await _next_before(outputs, deadline)
+            except StopAsyncIteration:
+                return
+            if out.error is not None:
+                raise ApiError(out.status if out.status >= 400 else 500, out.error)
+            now = time.monotonic()
+            if out.output_ids:
+                if first:
+                    metrics.time_to_first_token.observe(now - start)
+                else:
+                    metrics.inter_token_latency.observe((now - last_token) / len(out.output_ids))
+                first = False
+                last_token = now
+            gen = progress.add(out, now - start if out.finished else 0.0)
+            if gen.finished:
+                metrics.e2e_request_latency.observe(gen.e2e_latency)
+            yield gen
+    finally:
+        await outputs.aclose()  # aborts the request on the router unless it finished
+
+
+async def _next_before(outputs: AsyncGenerator[RequestOutput, None], deadline: float | None) -> RequestOutput:
+    if deadline is None:
+        return await anext(outputs)
+    try:
+        return await asyncio.wait_for(anext(outputs), max(deadline - time.monotonic(), 0.0))
+    except asyncio.TimeoutError:
+        raise ApiError(DEADLINE_EXCEEDED, "the request did not finish within its deadline_s") from None
+
+
+def deadline_of(deadline_s: float | None) -> float | None:
+    """The ``time.monotonic()`` by which a request given ``deadline_s`` must be done."""
+    return None if deadline_s is None else time.monotonic() + deadline_s
 
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
@@ -158,7 +222,8 @@ async def _disconnected(request: Request) -> None:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client leaves first, cancel it (aborting its requests)."""
+    """Await ``work``; if the client leaves first, cancel it (aborting its requests) and wait
+    until it has wound down (what it was iterating is free again)."""
     task = asyncio.ensure_future(work)
     gone = asyncio.create_task(_disconnected(request))
     try:
@@ -169,6 +234,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     finally:
         task.cancel()
         gone.cancel()
+        await asyncio.wait({task, gone})
 
 
 async def collect(request: Request, streams: list[AsyncIterator[Generation]]) -> list[Generation]:
@@ -207,14 +273,19 @@ class SSEResponse(StreamingResponse):
             await self._body.aclose()
 
 
-async def start_stream(chunks: AsyncGenerator[dict[str, Any], None]) -> SSEResponse:
+async def start_stream(request: Request, chunks: AsyncGenerator[dict[str, Any], None]) -> SSEResponse:
     """SSE frames of ``chunks``, then ``[DONE]``.
 
     The first chunk is awaited before answering, so a request the router rejects at once
     gets its HTTP error status; an error after that becomes an error frame (the status
-    line is already sent).
+    line is already sent). A client that leaves before the first chunk aborts its requests
+    at once (a queued or prefilling request runs for nobody otherwise).
     """
-    first = await anext(chunks)
+    try:
+        first = await until_disconnect(request, anext(chunks))
+    except BaseException:
+        await chunks.aclose()
+        raise
 
     async def body() -> AsyncGenerator[bytes, None]:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -20,7 +20,29 @@ _COUNTERS = (
     # SGLang's name for the same counter, so existing dashboards keep working.
     ("sglang_radix_cache_hit", "cache_hits", "Requests that reused a cached prefix (SGLang name)."),
     ("radixcluster_evicted_tokens", "evicted_tokens_total", "Tokens evicted from the radix cache."),
+    (
+        "radixcluster_aborted_requests",
+        "aborted_requests_total",
+        "Requests ended before they finished: client gone, deadline, shutdown, or a failed step.",
+    ),
+    (
+        "radixcluster_retracted_requests",
+        "retractions_total",
+        "Running requests sent back to the queue (their KV freed) when the KV pool ran out.",
+    ),
 )
+# (exported name, stats key, help): a histogram the router keeps (cumulative bucket counts)
+_HISTOGRAMS = (("radixcluster_step_duration_seconds", "step_seconds", "Router steps: schedule, model step, outputs."),)
+# HTTP statuses that refuse a request before it runs, by the reason they are counted under
+REJECTION_REASONS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    429: "queue_full",
+    503: "unavailable",
+}
 _GAUGES = (
     ("radixcluster_num_running_reqs", "running_requests", "Requests being decoded or prefilled."),
     ("radixcluster_num_waiting_reqs", "waiting_requests", "Requests waiting for admission."),
@@ -52,6 +74,12 @@ class _RouterStats:
         for name, key, doc in _GAUGES:
             if key in self._stats:
                 families.append(GaugeMetricFamily(name, doc, value=float(self._stats[key])))
+        for name, key, doc in _HISTOGRAMS:
+            if key in self._stats:
+                h = self._stats[key]
+                buckets = [(repr(float(b)), c) for b, c in zip(h["buckets"], h["counts"])]
+                buckets.append(("+Inf", h["count"]))
+                families.append(HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"]))
         return families
 
 
@@ -78,9 +106,21 @@ class ApiMetrics:
             buckets=_E2E_BUCKETS,
             registry=self.registry,
         )
+        self.rejected_requests = Counter(
+            "radixcluster_rejected_requests",
+            "Requests refused before they ran, by reason (invalid_request, queue_full, unavailable, ...).",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def count_rejection(self, status: int) -> None:
+        """Count an error answer under its reason, when it refused a request."""
+        reason = REJECTION_REASONS.get(status)
+        if reason is not None:
+            self.rejected_requests.labels(reason=reason).inc()
 
     def render(self, router_stats: dict[str, Any]) -> bytes:
-        """Prometheus text: the router's counters and gauges, then the api's histograms."""
+        """Prometheus text: the router's counters, gauges and step histogram, then the api's own."""
         scrape = CollectorRegistry()
         scrape.register(_RouterStats(router_stats))
         return generate_latest(scrape) + generate_latest(self.registry)

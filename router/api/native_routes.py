@@ -15,7 +15,14 @@ from radixcluster import __version__
 from radixcluster.protocol import GenerateRequest, SamplingParams
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, error_response, read_json
-from radixcluster.router.api.generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api.generation import (
+    Generation,
+    collect,
+    deadline_of,
+    merge,
+    run_generation,
+    start_stream,
+)
 from radixcluster.router.api.metrics import CONTENT_TYPE
 from radixcluster.router.api.native_schemas import GenerateIn
 from radixcluster.router.api.router_client import RouterError, RouterUnavailable
@@ -48,10 +55,11 @@ def native_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/generate")
     async def generate(request: Request) -> Response:
         body = GenerateIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        streams = [run_generation(ctx.client, sub, ctx.metrics) for sub in body.expand()]
+        deadline = deadline_of(body.deadline_s)
+        streams = [run_generation(ctx.client, sub, ctx.metrics, deadline) for sub in body.expand()]
         as_list = body.returns_list()
         if body.stream:
-            return await start_stream(_native_chunks(streams, as_list))
+            return await start_stream(request, _native_chunks(streams, as_list))
         results = [gen.native() for gen in await collect(request, streams)]
         return JSONResponse(results if as_list else results[0])
 
@@ -65,6 +73,15 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/health_generate")
     async def health_generate() -> Response:
+        # a router that finished a step lately is generating: no probe (a full queue would make
+        # it wait, or refuse it)
+        try:
+            stats = await ctx.client.control("stats", timeout=HEALTH_GENERATE_TIMEOUT_S)
+        except (RouterUnavailable, RouterError) as exc:
+            return error_response(503, f"unhealthy: {exc}")
+        since = stats.get("seconds_since_last_step")
+        if stats.get("running_requests") and since is not None and since < HEALTH_GENERATE_TIMEOUT_S:
+            return Response(status_code=200)
         probe = GenerateRequest(
             rid=f"health-{uuid.uuid4().hex}", sampling=SamplingParams(max_new_tokens=1, temperature=0.0), text="ping"
         )

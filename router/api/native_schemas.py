@@ -4,20 +4,36 @@ protocol GenerateRequest per prompt and sample."""
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+import regex
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
-TokenId = Annotated[int, Field(ge=0)]
+# Bounds on what one request may ask for (README, "Limits"). Counts and lengths stop a single body
+# from costing the router minutes or gigabytes; integer ranges (protocol) are what its arrays hold.
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 256
+MAX_STOP_REGEXES = 4  # each is searched over all the text so far at every step
+MAX_STOP_TOKEN_IDS = 256
+MAX_GRAMMAR_CHARS = 64 * 1024  # a regex, JSON schema or EBNF grammar
+MAX_GENERATIONS = 256  # per HTTP request: prompts x n
+MAX_DEADLINE_S = 24 * 3600.0
+MAX_KEY_CHARS = 256  # a rid, cache_salt or extra_key
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 TopLogprobsNum = Annotated[int, Field(ge=0, le=20)]
-LogprobStart = Annotated[int, Field(ge=-1)]  # -1: no prompt logprobs
+LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logprobs
+# an optional per-request deadline, in seconds from arrival: what is not done by then is aborted (504)
+Deadline = Annotated[float | None, Field(gt=0, le=MAX_DEADLINE_S)]
+Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
+Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
 
 # Fields of SGLang's SamplingParams and GenerateReqInput that change what a request does and
 # that this server does not implement: accepted at their defaults (null, false, empty), refused
@@ -51,6 +67,14 @@ UNSUPPORTED_REQUEST = {
 }
 
 
+def check_generations(prompts: int, generations: int) -> None:
+    """One request may expand into at most MAX_GENERATIONS generations (prompts x n)."""
+    if generations > MAX_GENERATIONS:
+        raise ValueError(
+            f"{prompts} prompt(s) with their n make {generations} generations; at most {MAX_GENERATIONS} per request"
+        )
+
+
 def _is_default(value: Any) -> bool:
     """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists)."""
     if isinstance(value, list):
@@ -72,31 +96,31 @@ def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
 class SamplingParamsIn(BaseModel):
     """SGLang's ``sampling_params``; an unknown key is an error (most often a typo), as in SGLang."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
-    max_new_tokens: int | None = Field(None, ge=0)  # 0: prefill only (cache warm-up)
-    min_new_tokens: int = Field(0, ge=0)
+    max_new_tokens: Count | None = None  # 0: prefill only (cache warm-up)
+    min_new_tokens: Count = 0
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
+    top_k: int = Field(-1, ge=-1, le=INT32_MAX)
     min_p: float = Field(0.0, ge=0, le=1)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=2)
     stop: str | list[str] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = Field(1, ge=1, le=64)
-    seed: int | None = Field(None, validation_alias=AliasChoices("seed", "sampling_seed"))
-    regex: str | None = None
-    json_schema: str | None = None
-    ebnf: str | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, validation_alias=AliasChoices("seed", "sampling_seed"))
+    regex: Grammar = None
+    json_schema: Grammar = None
+    ebnf: Grammar = None
     # we stream every step: how often SGLang would send a chunk changes nothing here
-    stream_interval: int | None = Field(None, ge=1)
+    stream_interval: int | None = Field(None, ge=1, le=INT32_MAX)
 
     @model_validator(mode="before")
     @classmethod
@@ -110,6 +134,17 @@ class SamplingParamsIn(BaseModel):
             raise ValueError("top_k must be -1 (off) or at least 1")
         return value
 
+    @field_validator("stop", "stop_regex")
+    @classmethod
+    def _stops_bounded(cls, value: str | list[str] | None, info: ValidationInfo) -> str | list[str] | None:
+        stops = _as_list(value)
+        most = MAX_STOP_STRINGS if info.field_name == "stop" else MAX_STOP_REGEXES
+        if len(stops) > most:
+            raise ValueError(f"at most {most} entries, got {len(stops)}")
+        if any(len(stop) > MAX_STOP_CHARS for stop in stops):
+            raise ValueError(f"an entry has at most {MAX_STOP_CHARS} characters")
+        return value
+
     @field_validator("json_schema", mode="before")
     @classmethod
     def _schema_as_text(cls, value: Any) -> Any:
@@ -121,8 +156,8 @@ class SamplingParamsIn(BaseModel):
     def _regexes_compile(cls, value: str | list[str] | None) -> str | list[str] | None:
         for pattern in [value] if isinstance(value, str) else value or []:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex.compile(pattern)  # the engine the router searches with
+            except regex.error as exc:
                 raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {exc}") from None
         return value
 
@@ -183,23 +218,24 @@ class GenerateIn(BaseModel):
     fields are ignored, as SGLang does (its clients send extras); fields SGLang knows and
     we do not implement are refused unless they hold their default."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     text: str | list[str] | None = None
     input_ids: list[TokenId] | list[list[TokenId]] | None = None
     sampling_params: SamplingParamsIn | list[SamplingParamsIn] | None = None
     # Accepted at the top level as well: users send {"text": ..., "max_tokens": 64}.
-    max_new_tokens: int | None = Field(None, ge=0)
-    max_tokens: int | None = Field(None, ge=0)
+    max_new_tokens: Count | None = None
+    max_tokens: Count | None = None
     stream: bool = False
     return_logprob: bool | list[bool] | None = None
     top_logprobs_num: TopLogprobsNum | list[TopLogprobsNum] | None = None
     logprob_start_len: LogprobStart | list[LogprobStart] | None = None
     return_text_in_logprobs: bool = False
-    rid: str | list[str] | None = None
+    rid: Key | list[Key] | None = None
     # both name a namespace of the radix cache: requests share prefixes only within one
-    cache_salt: str | list[str] | None = None
-    extra_key: str | list[str] | None = None
+    cache_salt: Key | list[Key] | None = None
+    extra_key: Key | list[Key] | None = None
+    deadline_s: Deadline = None
 
     @model_validator(mode="before")
     @classmethod
@@ -231,6 +267,7 @@ class GenerateIn(BaseModel):
             value = getattr(self, name)
             if isinstance(value, list) and (not self.is_batch or len(value) != len(prompts)):
                 raise ValueError(f"{name} may be a list only for a batch, with one value per prompt")
+        check_generations(len(prompts), sum(self.params_for(i).n for i in range(len(prompts))))
         return self
 
     @property

@@ -17,7 +17,14 @@ from fastapi.responses import JSONResponse
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, read_json
-from radixcluster.router.api.generation import Generation, collect, merge, run_generation, start_stream
+from radixcluster.router.api.generation import (
+    Generation,
+    collect,
+    deadline_of,
+    merge,
+    run_generation,
+    start_stream,
+)
 from radixcluster.router.api.native_schemas import derive_rids
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
 
@@ -139,8 +146,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     model = ctx.config.served_model_name
 
-    def run(requests: list[GenerateRequest]) -> list[AsyncIterator[Generation]]:
-        return [run_generation(ctx.client, r, ctx.metrics) for r in requests]
+    def run(requests: list[GenerateRequest], deadline_s: float | None) -> list[AsyncIterator[Generation]]:
+        deadline = deadline_of(deadline_s)
+        return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
 
@@ -159,9 +167,10 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         body = CompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
-        streams = run(_requests(body, inputs, wants_logprobs, body.logprobs or 0))
+        streams = run(_requests(body, inputs, wants_logprobs, body.logprobs or 0), body.deadline_s)
         if body.stream:
-            return await start_stream(_completion_chunks(streams, body, _head("text_completion", "cmpl", model)))
+            head = _head("text_completion", "cmpl", model)
+            return await start_stream(request, _completion_chunks(streams, body, head))
         gens = await collect(request, streams)
         choices = [
             {
@@ -180,9 +189,10 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"messages": [m.as_dict() for m in body.messages]}]
-        streams = run(_requests(body, inputs, body.logprobs, body.top_logprobs or 0))
+        streams = run(_requests(body, inputs, body.logprobs, body.top_logprobs or 0), body.deadline_s)
         if body.stream:
-            return await start_stream(_chat_chunks(streams, body, _head("chat.completion.chunk", "chatcmpl", model)))
+            head = _head("chat.completion.chunk", "chatcmpl", model)
+            return await start_stream(request, _chat_chunks(streams, body, head))
         gens = await collect(request, streams)
         choices = [
             {

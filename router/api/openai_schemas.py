@@ -10,8 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
+    Deadline,
+    Grammar,
+    Key,
     SamplingParamsIn,
     TokenId,
+    check_generations,
     drop_unsupported,
     id_prompts,
 )
@@ -45,7 +49,7 @@ class StreamOptions(BaseModel):
 class OpenAIRequest(BaseModel):
     """Fields both endpoints share; unknown fields are ignored like OpenAI-compatible servers do."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
@@ -61,16 +65,17 @@ class OpenAIRequest(BaseModel):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    regex: str | None = None
+    regex: Grammar = None
     json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
+    ebnf: Grammar = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
-    rid: str | None = None
-    cache_salt: str | None = None
+    rid: Key | None = None
+    cache_salt: Key | None = None
+    deadline_s: Deadline = None
 
     @model_validator(mode="before")
     @classmethod
@@ -119,6 +124,7 @@ class CompletionIn(OpenAIRequest):
         prompts = self.prompts()
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompt must not be empty")
+        check_generations(len(prompts), len(prompts) * self.n)
         return self
 
     def prompts(self) -> list[str | list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
 import zmq
@@ -89,7 +89,12 @@ class RouterClient:
             self._sockets.pull.close()
             self._sockets.ctx.term()
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    @property
+    def in_flight(self) -> int:
+        """Generations sent and not finished."""
+        return len(self._streams)
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[RequestOutput, None]:
         """Send ``request`` and yield its outputs until one is finished or carries an error.
 
         Leaving early (the caller is cancelled, or closes the iterator) aborts the request on
@@ -110,6 +115,13 @@ class RouterClient:
             self._streams.pop(request.rid, None)
             if not done:
                 self.abort(request.rid)
+
+    def fail_all(self, status: int, message: str) -> None:
+        """End every generation in flight with an error (its caller reports it to its client),
+        and abort it on the router."""
+        for rid, queue in self._streams.items():
+            queue.put_nowait(RequestOutput(rid=rid, finished=True, error=message, status=status))
+            self.abort(rid)
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
         """Tell the router to drop ``rid`` (every request with ``abort_all``); never blocks, so

@@ -1,22 +1,27 @@
 """The api process: the FastAPI app (native and OpenAI routes, auth, JSON errors) and its
-uvicorn entry point, which serves until SIGTERM or SIGINT."""
+uvicorn entry point, which serves until SIGTERM or SIGINT and then drains: readiness and new
+requests answer 503 while the requests in flight finish, for up to the shutdown timeout; those
+still running then end with an error, and the process exits."""
 
 from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.cluster_routes import cluster_routes
-from radixcluster.router.api.context import API_DRAIN_S, ApiConfig, ApiContext
+from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
-from radixcluster.router.api.errors import install_error_handlers
+from radixcluster.router.api.errors import error_response, install_error_handlers
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
 from radixcluster.router.api.router_client import RouterClient
@@ -25,9 +30,32 @@ __all__ = ["ApiConfig", "create_app", "run_api_server"]
 
 logger = logging.getLogger(__name__)
 
+# Served while draining too: monitoring watches the drain.
+_DRAIN_PATHS = frozenset({"/metrics"})
+SHUTTING_DOWN = "the server is shutting down"
+# after the requests of a drain are ended with an error, how long their responses get to go out
+FAIL_FLUSH_S = 5
+
+
+class DrainGate:
+    """While the api drains, refuse new requests (and readiness) with 503, so load balancers
+    send them elsewhere while the requests in flight finish."""
+
+    def __init__(self, app: ASGIApp, ctx: ApiContext) -> None:
+        self._app = app
+        self._ctx = ctx
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._ctx.draining and scope["type"] == "http" and scope["path"] not in _DRAIN_PATHS:
+            self._ctx.metrics.count_rejection(503)
+            await error_response(503, SHUTTING_DOWN)(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
 
 def create_app(config: ApiConfig) -> FastAPI:
-    """The api app; its router client connects when the app starts (lifespan)."""
+    """The api app (its context on ``app.state.ctx``); its router client connects when the app
+    starts (lifespan)."""
     ctx = ApiContext(config=config, client=RouterClient(config.request_address, config.output_address))
 
     @asynccontextmanager
@@ -39,32 +67,71 @@ def create_app(config: ApiConfig) -> FastAPI:
             await ctx.client.close()
 
     app = FastAPI(title="radixcluster", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    install_error_handlers(app)
+    app.state.ctx = ctx
+    install_error_handlers(app, ctx.metrics.count_rejection)
     app.include_router(native_routes(ctx))
     app.include_router(control_routes(ctx))
     app.include_router(openai_routes(ctx))
     app.include_router(cluster_routes(ctx))
     if config.api_key:
-        app.add_middleware(BearerAuth, api_key=config.api_key)
+        app.add_middleware(BearerAuth, api_key=config.api_key, on_reject=ctx.metrics.count_rejection)
+    app.add_middleware(DrainGate, ctx=ctx)  # added last: runs first
     return app
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with SIGTERM starting a drain instead of closing the listener at once.
+
+    SIGTERM flips ``ctx.draining``; each tick of uvicorn's loop then checks the drain: no
+    generation in flight, or the shutdown timeout passed and the stragglers were ended with an
+    error (and had ``FAIL_FLUSH_S`` to send it): uvicorn shuts down. SIGINT, or a second
+    SIGTERM, skips the rest of the wait (the launcher sends SIGINT when a part of the replica
+    failed: what is in flight cannot finish)."""
+
+    def __init__(self, config: uvicorn.Config, ctx: ApiContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self._fail_at: float | None = None  # when the stragglers get their error
+        self._failed_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # runs as a signal handler on the loop's thread: only flags and times are set here
+        now = time.monotonic()
+        if self._fail_at is None:
+            self.ctx.draining = True
+            self._fail_at = now if sig == signal.SIGINT else now + self.ctx.config.shutdown_timeout_s
+        else:
+            self._fail_at = min(self._fail_at, now)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._fail_at is not None and not self.should_exit:
+            now = time.monotonic()
+            if self.ctx.client.in_flight == 0:
+                self.should_exit = True
+            elif self._failed_at is None and now >= self._fail_at:
+                logger.warning("shutdown timeout: ending %d generation(s) with an error", self.ctx.client.in_flight)
+                self.ctx.client.fail_all(503, SHUTTING_DOWN)
+                self._failed_at = now
+            elif self._failed_at is not None and now >= self._failed_at + FAIL_FLUSH_S:
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
 def run_api_server(config: ApiConfig) -> None:
-    """Serve the api on ``config.host:config.port``; return after the graceful shutdown that
-    SIGTERM or SIGINT starts (in-flight requests get ``API_DRAIN_S``). Main thread only."""
-    server = uvicorn.Server(
+    """Serve the api on ``config.host:config.port``; return once SIGTERM or SIGINT has drained it
+    (see DrainingServer). Main thread only."""
+    app = create_app(config)
+    server = DrainingServer(
         uvicorn.Config(
-            create_app(config),
+            app,
             host=config.host,
             port=config.port,
             log_config=None,
             access_log=False,
-            timeout_graceful_shutdown=API_DRAIN_S,
-        )
+            # by the time uvicorn shuts down, every response is complete or ended with an error
+            timeout_graceful_shutdown=FAIL_FLUSH_S,
+        ),
+        app.state.ctx,
     )
-    # uvicorn re-raises the signal once it has shut down; a no-op handler beneath its own
-    # turns that into a plain return.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
     logger.info("api serving on http://%s:%d", config.host, config.port)
     server.run()

@@ -2,7 +2,7 @@
 
 ``IncrementalDetokenizer`` turns output token ids into text deltas whose concatenation
 is exactly ``tokenizer.decode(all ids)``; ``StopChecker`` cuts that text at the first
-stop string and never streams out a piece of one.
+stop string and never streams out a piece of one, in time and memory linear in the text.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class IncrementalDetokenizer:
 
 
 class StopChecker:
-    """Finds the first stop string in streamed text, looking only at new text plus a short tail.
+    """Finds the first stop string in streamed text in O(new text x stop strings) per delta.
 
     ``feed(delta)`` returns ``(text to emit, stopped)``. The stop string that wins is the
     first to be complete in the text (on a tie, the one starting earliest), so the result
@@ -69,15 +69,20 @@ class StopChecker:
     it, or after it with ``no_stop_trim``; nothing after it is ever emitted. While no stop
     string is complete, the longest tail that could begin one is held back, so a stop
     string split across deltas is never streamed out; ``flush`` releases it at the end.
+
+    Each stop string runs a Knuth-Morris-Pratt matcher over the stream: its state is the
+    longest prefix of the stop string that the text so far ends with, so the held tail is
+    the largest state, and a state reaching the whole string is a match. Memory is linear
+    in the stop strings, whatever their length.
     """
 
-    __slots__ = ("stops", "no_stop_trim", "_prefixes", "_max_hold", "_held", "stopped", "matched")
+    __slots__ = ("stops", "no_stop_trim", "_fallbacks", "_states", "_held", "stopped", "matched")
 
     def __init__(self, stops: Sequence[str], no_stop_trim: bool = False) -> None:
         self.stops = tuple(s for s in dict.fromkeys(stops) if s)
         self.no_stop_trim = no_stop_trim
-        self._prefixes = frozenset(stop[:i] for stop in self.stops for i in range(1, len(stop)))
-        self._max_hold = max((len(stop) - 1 for stop in self.stops), default=0)
+        self._fallbacks = [_fallback_table(stop) for stop in self.stops]
+        self._states = [0] * len(self.stops)
         self._held = ""
         self.stopped = False
         self.matched: str | None = None
@@ -85,15 +90,13 @@ class StopChecker:
     def feed(self, delta: str) -> tuple[str, bool]:
         if self.stopped:
             return "", True
-        # A stop string completed by `delta` started inside it or inside the held tail
-        # (the held tail is the longest suffix that is a prefix of a stop string).
         text = self._held + delta
-        hit = self._first_stop(text)
-        if hit is not None:
-            start, stop = hit
-            self.stopped, self.matched, self._held = True, stop, ""
-            return text[: start + len(stop) if self.no_stop_trim else start], True
-        hold = self._holdback(text)
+        for offset, char in enumerate(delta, start=len(self._held) + 1):
+            stop = self._advance(char)
+            if stop is not None:
+                self.stopped, self.matched, self._held = True, stop, ""
+                return text[: offset if self.no_stop_trim else offset - len(stop)], True
+        hold = max(self._states, default=0)
         self._held = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
 
@@ -102,16 +105,30 @@ class StopChecker:
         held, self._held = self._held, ""
         return held
 
-    def _first_stop(self, text: str) -> tuple[int, str] | None:
-        best: tuple[int, int, str] | None = None
-        for stop in self.stops:
-            start = text.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
-                best = (start + len(stop), start, stop)
-        return None if best is None else (best[1], best[2])
+    def _advance(self, char: str) -> str | None:
+        """Move every matcher past ``char``; the longest stop string completed here, if any."""
+        done = None
+        for k, stop in enumerate(self.stops):
+            state, fallback = self._states[k], self._fallbacks[k]
+            while state and stop[state] != char:
+                state = fallback[state - 1]
+            if stop[state] == char:
+                state += 1
+            self._states[k] = state
+            if state == len(stop) and (done is None or len(stop) > len(done)):
+                done = stop
+        return done
 
-    def _holdback(self, text: str) -> int:
-        for length in range(min(len(text), self._max_hold), 0, -1):
-            if text[-length:] in self._prefixes:
-                return length
-        return 0
+
+def _fallback_table(stop: str) -> list[int]:
+    """KMP's failure function: ``table[i]`` is the longest proper prefix of ``stop[: i + 1]``
+    that is also its suffix."""
+    table = [0] * len(stop)
+    state = 0
+    for i in range(1, len(stop)):
+        while state and stop[i] != stop[state]:
+            state = table[state - 1]
+        if stop[i] == stop[state]:
+            state += 1
+        table[i] = state
+    return table

@@ -3,12 +3,24 @@
 Unlike a stop string, the match stays in the text (SGLang does not trim it either), and
 nothing is held back while streaming: a pattern can match text of any length, so no tail
 can be known to be free of a future match.
+
+Patterns run on the ``regex`` engine (``re``'s syntax) because its searches can time out: a
+pattern that backtracks catastrophically, such as ``(x|xx)+y``, on a text the client steered
+the model into would otherwise hold the router's loop for ever.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+
+import regex
+
+# how long one search of one pattern may take before its request is ended (400)
+SEARCH_TIMEOUT_S = 0.05
+
+
+class StopRegexTimeout(Exception):
+    """A stop_regex search ran past SEARCH_TIMEOUT_S; the message is for the client."""
 
 
 class RegexStopChecker:
@@ -19,19 +31,29 @@ class RegexStopChecker:
     __slots__ = ("patterns", "text", "stopped", "matched")
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = [re.compile(p) for p in dict.fromkeys(patterns)]
+        self.patterns = [regex.compile(p) for p in dict.fromkeys(patterns)]
         self.text = ""
         self.stopped = False
         self.matched: str | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
+        """StopRegexTimeout when a search takes longer than SEARCH_TIMEOUT_S."""
         if self.stopped or not self.patterns:
             return ("", True) if self.stopped else (delta, False)
         emitted = len(self.text)
         self.text += delta
-        hits = [(m.end(), i) for i, p in enumerate(self.patterns) if (m := p.search(self.text)) is not None]
+        hits = [(m.end(), i) for i, p in enumerate(self.patterns) if (m := self._search(p)) is not None]
         if not hits:
             return delta, False
         end, index = min(hits)
         self.stopped, self.matched = True, self.patterns[index].pattern
         return self.text[emitted : max(end, emitted)], True
+
+    def _search(self, pattern: regex.Pattern) -> regex.Match | None:
+        try:
+            return pattern.search(self.text, timeout=SEARCH_TIMEOUT_S)
+        except TimeoutError:
+            raise StopRegexTimeout(
+                f"stop_regex {pattern.pattern!r} took longer than {SEARCH_TIMEOUT_S * 1000:g} ms to search the "
+                f"output ({len(self.text)} characters): simplify it"
+            ) from None

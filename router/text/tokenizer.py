@@ -80,6 +80,11 @@ class Tokenizer:
         """The prompt text for a conversation; ValueError (a 400) on malformed messages."""
         return render_chat_template(self.chat_template, messages, add_generation_prompt, tools, self.template_tokens)
 
+    def longest_token_chars(self) -> int:
+        """The most characters of text one token stands for: the longest vocabulary entry (a
+        byte-level entry spells one character per byte, and a character is at least a byte)."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry of ``token_id`` as spelled in the vocabulary (None if out of range)."""
         return self.backend.id_to_token(token_id)

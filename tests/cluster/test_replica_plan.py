@@ -1,11 +1,31 @@
-"""Sizing a replica: dtype by device, weights, and KV pages from memory (pure functions)."""
+"""Sizing a replica: dtype by device, weights, KV pages from memory, a container's memory and CPU
+limits read from cgroup (v1 and v2) files, and CPUs per rank from the affinity set and the quota
+(pure functions; cgroup trees are real files under tmp_path)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
-from radixcluster.replica_plan import DTYPE_BYTES, choose_dtype, plan_kv_pages, weight_bytes
+from radixcluster.replica_plan import (
+    DTYPE_BYTES,
+    CpuPlan,
+    cgroup_cpu_limit,
+    cgroup_memory_limit,
+    choose_dtype,
+    machine_cpus,
+    omp_env,
+    packed_weight_bytes,
+    plan_cpus,
+    plan_kv_pages,
+    prepacks_weights,
+    weight_bytes,
+)
 from radixcluster.server_args import ServerArgs
 
 GIB = 2**30
@@ -47,6 +67,24 @@ def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
     assert gpu_three > gpu_one  # every GPU holds a shard of the weights and a third of the heads
 
 
+def test_packed_weights_are_the_linear_layers_and_one_lm_head(cfg):
+    assert packed_weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+
+
+def test_prepacked_copies_come_out_of_the_kv_pool(cfg):
+    plain = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+    packed = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB, prepack=True)
+    assert plain - packed == pytest.approx(packed_weight_bytes(cfg, 4) / cfg.kv_bytes_per_token(1, 4), abs=1)
+
+
+def test_cpu_prepacks_unless_disabled_or_short_of_memory(cfg):
+    assert prepacks_weights(ServerArgs(), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(disable_weight_prepack=True), cfg, "cpu", 4, 24 * GIB)
+    assert not prepacks_weights(ServerArgs(), cfg, "cuda", 2, 80 * GIB)
+    # 0.2 x 4 GiB leaves 321 MB after the 538 MB of weights: the 538 MB copy would not fit
+    assert not prepacks_weights(ServerArgs(), cfg, "cpu", 4, 4 * GIB)
+
+
 def test_max_total_tokens_overrides_memory(cfg):
     args = ServerArgs(max_total_tokens=3000, page_size=16)
     assert plan_kv_pages(args, cfg, "cpu", 4, 1 * GIB) == 3000 // 16
@@ -61,3 +99,108 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
 def test_no_room_after_the_weights_says_so(cfg):
     with pytest.raises(ValueError, match="no room for a KV cache"):
         plan_kv_pages(ServerArgs(mem_fraction_static=0.1), cfg, "cpu", 4, 2 * GIB)
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+def test_cgroup_v2_takes_the_tightest_limit_up_the_tree(tmp_path: Path):
+    write(tmp_path / "memory.max", "max")
+    write(tmp_path / "kubepods" / "memory.max", str(64 * GIB))
+    write(tmp_path / "kubepods" / "pod1" / "memory.max", str(16 * GIB))
+    write(tmp_path / "kubepods" / "pod1" / "c1" / "memory.max", "max")
+    assert cgroup_memory_limit("0::/kubepods/pod1/c1\n", tmp_path) == 16 * GIB
+
+
+def test_cgroup_v2_without_a_limit_is_none(tmp_path: Path):
+    write(tmp_path / "user.slice" / "memory.max", "max")
+    assert cgroup_memory_limit("0::/user.slice\n", tmp_path) is None
+
+
+def test_a_container_reads_its_own_cgroup_at_the_mount_root(tmp_path: Path):
+    """Without a cgroup namespace the path names the host's tree, which the container does not see."""
+    write(tmp_path / "memory.max", str(4 * GIB))
+    assert cgroup_memory_limit("0::/system.slice/docker-abc.scope\n", tmp_path) == 4 * GIB
+
+
+def test_cgroup_v1_ignores_its_no_limit_number_and_other_controllers(tmp_path: Path):
+    membership = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n"
+    write(tmp_path / "memory" / "memory.limit_in_bytes", "9223372036854771712")
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(8 * GIB))
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "memory.limit_in_bytes", str(GIB))  # not memory's
+    assert cgroup_memory_limit(membership, tmp_path) == 8 * GIB
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
+    assert cgroup_memory_limit(membership, tmp_path) is None
+
+
+def test_no_cgroup_files_means_no_limit(tmp_path: Path):
+    assert cgroup_memory_limit("", tmp_path) is None
+    assert cgroup_memory_limit("0::/\n", tmp_path) is None
+
+
+def test_the_pool_is_sized_from_the_container_limit_not_the_host(cfg, tmp_path: Path):
+    """A 16 GiB pod on a 512 GiB node: the pool fits the pod."""
+    write(tmp_path / "memory.max", str(16 * GIB))
+    limit = cgroup_memory_limit("0::/\n", tmp_path)
+    assert limit is not None
+    args = ServerArgs()
+    in_pod = plan_kv_pages(args, cfg, "cpu", 4, min(512 * GIB, limit))
+    assert in_pod == plan_kv_pages(args, cfg, "cpu", 4, 16 * GIB) < plan_kv_pages(args, cfg, "cpu", 4, 512 * GIB)
+
+
+def test_cgroup_v2_cpu_quota_is_the_tightest_up_the_tree(tmp_path: Path):
+    write(tmp_path / "cpu.max", "max 100000")
+    write(tmp_path / "kubepods" / "cpu.max", "800000 100000")
+    write(tmp_path / "kubepods" / "pod1" / "cpu.max", "150000 100000")  # limits.cpu: 1500m
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", tmp_path) == 1.5
+    write(tmp_path / "kubepods" / "pod1" / "cpu.max", "max 100000")
+    assert cgroup_cpu_limit("0::/kubepods/pod1\n", tmp_path) == 8.0
+
+
+def test_cgroup_v1_cpu_quota_and_no_quota(tmp_path: Path):
+    membership = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n"
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_quota_us", "200000")
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_period_us", "100000")
+    write(tmp_path / "memory" / "docker" / "abc" / "cpu.cfs_quota_us", "10000")  # not cpu's
+    assert cgroup_cpu_limit(membership, tmp_path) == 2.0
+    write(tmp_path / "cpu" / "docker" / "abc" / "cpu.cfs_quota_us", "-1")
+    assert cgroup_cpu_limit(membership, tmp_path) is None
+    assert cgroup_cpu_limit("", tmp_path) is None
+
+
+def test_this_process_uses_at_most_the_cpus_it_may_run_on():
+    plan = machine_cpus(1)
+    assert 1 <= plan.threads_per_rank <= plan.usable <= len(os.sched_getaffinity(0))
+
+
+def test_each_rank_gets_its_own_cores_when_there_are_enough():
+    assert plan_cpus({0, 1}, None, 1) == CpuPlan(2, [[0, 1]], 2)
+    assert plan_cpus({3, 1, 2, 0}, None, 2) == CpuPlan(2, [[0, 1], [2, 3]], 4)
+    assert plan_cpus(range(5), None, 2) == CpuPlan(2, [[0, 1], [2, 3]], 5)
+
+
+def test_fewer_cores_than_ranks_run_one_unpinned_thread_each():
+    assert plan_cpus({0, 1}, None, 3) == CpuPlan(1, None, 2)
+
+
+def test_a_quota_caps_the_threads_and_pins_nothing():
+    assert plan_cpus(range(64), 2.5, 1) == CpuPlan(2, None, 2)
+    assert plan_cpus(range(64), 0.5, 2) == CpuPlan(1, None, 1)
+    assert plan_cpus({0, 1}, 4.0, 1) == CpuPlan(2, [[0, 1]], 2)  # a quota above the cores changes nothing
+
+
+@given(st.sets(st.integers(0, 255), min_size=1, max_size=64), st.integers(1, 8))
+def test_pinned_ranks_never_share_a_core_and_match_their_thread_count(cpus, tp_size):
+    plan = plan_cpus(cpus, None, tp_size)
+    assert plan.threads_per_rank >= 1
+    if plan.rank_cpus is not None:
+        used = [cpu for rank in plan.rank_cpus for cpu in rank]
+        assert len(used) == len(set(used)) and set(used) <= cpus
+        assert all(len(rank) == plan.threads_per_rank for rank in plan.rank_cpus)
+
+
+def test_omp_env_binds_one_thread_per_core():
+    assert omp_env(2, [4, 5]) == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{4},{5}", "OMP_PROC_BIND": "close"}
+    assert omp_env(1, None) == {"OMP_NUM_THREADS": "1"}

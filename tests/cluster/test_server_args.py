@@ -79,3 +79,21 @@ def test_replica_argv_reproduces_the_flags_it_keeps():
         1,
         30000,
     )
+
+
+def test_the_api_key_comes_from_the_environment_too(monkeypatch):
+    monkeypatch.setenv("RADIXCLUSTER_API_KEY", "from-env")
+    assert parse().api_key == "from-env"
+    assert parse("--api-key", "from-flag").api_key == "from-flag"
+    monkeypatch.setenv("RADIXCLUSTER_API_KEY", "")
+    assert parse().api_key is None
+
+
+def test_admission_and_shutdown_flags():
+    args = parse("--max-queued-requests", "8", "--shutdown-timeout", "2.5")
+    assert (args.max_queued_requests, args.shutdown_timeout) == (8, 2.5)
+    defaults = parse()
+    assert (defaults.max_queued_requests, defaults.shutdown_timeout) == (2048, 30.0)
+    for argv in (("--max-queued-requests", "0"), ("--shutdown-timeout", "-1")):
+        with pytest.raises(ValueError, match=argv[0]):
+            parse(*argv)

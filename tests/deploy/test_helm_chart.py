@@ -107,7 +107,10 @@ def test_default_is_cpu_with_the_embedded_model_and_a_generated_key(helm: Helm) 
     server = container(server_deployment(docs), "server")
     args = server_args(docs)
     assert (args.host, args.port, args.tp_size, args.model_path) == ("0.0.0.0", 30000, 1, None)
-    assert args.api_key == "<RADIXCLUSTER_API_KEY>"
+    # the key reaches the server through its environment, never its command line (ps shows that)
+    assert not any("api-key" in arg for arg in server["args"])
+    key = next(e for e in server["env"] if e["name"] == "RADIXCLUSTER_API_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": one(docs, "Secret")["metadata"]["name"], "key": "api-key"}
     assert "nvidia.com/gpu" not in server["resources"].get("limits", {})
     assert server["image"].endswith("-cpu")
     secret = one(docs, "Secret")
@@ -195,11 +198,25 @@ def test_no_key_means_no_auth_anywhere(helm: Helm) -> None:
         CHART, sets=("apiKey.create=false", "monitoring.serviceMonitor.enabled=true", "probes.readiness.path=/health")
     )
     assert server_args(docs).api_key is None and not by_kind(docs, "Secret")
+    assert "RADIXCLUSTER_API_KEY" not in {e["name"] for e in container(one(docs, "Deployment"), "server")["env"]}
     assert "authorization" not in one(docs, "ServiceMonitor")["spec"]["endpoints"][0]
     assert (
         '127.0.0.1:30000/health"'
         in container(server_deployment(docs), "server")["readinessProbe"]["exec"]["command"][-1]
     )
+
+
+def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:
+    """The pod keeps serving through the preStop sleep, then the drain gets --shutdown-timeout,
+    and Kubernetes waits for all of it (and the teardown) before SIGKILL."""
+    docs = helm.template(CHART, sets=("server.shutdownTimeout=45", "terminationGracePeriodSeconds=70"))
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    server = container(one(docs, "Deployment"), "server")
+    assert server["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert server_args(docs).shutdown_timeout == 45
+    assert pod["terminationGracePeriodSeconds"] == 70 >= 5 + 45 + 15
+    with pytest.raises(RuntimeError, match="terminationGracePeriodSeconds"):
+        helm.template(CHART, sets=("server.shutdownTimeout=45",))  # the default 60 s cannot hold it
 
 
 def test_bad_values_are_refused(helm: Helm) -> None:

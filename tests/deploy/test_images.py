@@ -76,6 +76,19 @@ def test_install_steps_match(image: str, source: str) -> None:
 
 
 @pytest.mark.parametrize("image", list(DOCKERFILES))
+def test_images_build_the_native_kernels_as_make_install_does(image: str) -> None:
+    """The kernels are compiled at image build time, by the command `make install` runs, after
+    the package (whose kernel sources it compiles) is installed."""
+    build = "-m radixcluster.kernels.native build"
+    assert build in (REPO / "Makefile").read_text() and build in (REPO / "README.md").read_text()
+    runs = [
+        line for line in DOCKERFILES[image].read_text().replace("\\\n", " ").splitlines() if line.startswith("RUN ")
+    ]
+    step = next(i for i, line in enumerate(runs) if build in line)
+    assert any("pip install" in line and "./src" in line for line in runs[: step + 1])
+
+
+@pytest.mark.parametrize("image", list(DOCKERFILES))
 def test_entrypoint_serves_on_all_interfaces_as_non_root(image: str) -> None:
     dockerfile = DOCKERFILES[image]
     entrypoint = json.loads(instruction(dockerfile, "ENTRYPOINT"))

@@ -16,6 +16,7 @@ from radixcluster.gateway.config import HealthTunables
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.replica import Replica
 from radixcluster.router.api import metrics as api_metrics
+from radixcluster.router.step_times import StepTimes
 from support.chart_checks import CHART, REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "radixcluster-dashboard.json"
@@ -46,6 +47,7 @@ PROMQL_WORDS = {
     "avg_over_time",
     "label_values",
     "le",
+    "reason",
     "job",
     "instance",
     "pod",
@@ -74,12 +76,27 @@ ISSUE_METRICS = {
 }
 
 
+# what the hardening added: refusals by reason, aborts, retractions, step time
+HARDENING_METRICS = {
+    "radixcluster_rejected_requests_total",
+    "radixcluster_aborted_requests_total",
+    "radixcluster_retracted_requests_total",
+    "radixcluster_step_duration_seconds_bucket",
+}
+
+
 @pytest.fixture(scope="module")
 def exported() -> set[str]:
     """Every sample name /metrics serves, from the real renderers: a replica's with every router
-    stat present, and a gateway's with one replica."""
-    stats = {key: 1.0 for _, key, _ in api_metrics._COUNTERS + api_metrics._GAUGES}
-    replica = api_metrics.ApiMetrics().render(stats).decode()
+    stat present (the step histogram as the router's StepTimes reports it) and a refusal counted,
+    and a gateway's with one replica."""
+    stats: dict[str, Any] = {key: 1.0 for _, key, _ in api_metrics._COUNTERS + api_metrics._GAUGES}
+    steps = StepTimes()
+    steps.observe(0.02)
+    stats["step_seconds"] = steps.snapshot()
+    metrics = api_metrics.ApiMetrics()
+    metrics.count_rejection(429)
+    replica = metrics.render(stats).decode()
     gateway = GatewayMetrics()
     gateway.requests.labels("http://r").inc()
     gateway.predicted_tokens.labels("http://r").inc()
@@ -114,6 +131,17 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def test_the_server_exports_the_metrics_deploy_relies_on(exported: set[str]) -> None:
     assert ISSUE_METRICS <= exported
+    assert HARDENING_METRICS <= exported
+
+
+def test_the_step_histogram_counts_every_step_once(exported: set[str]) -> None:
+    steps = StepTimes()
+    for seconds in (0.001, 0.02, 0.02, 30.0):
+        steps.observe(seconds)
+    text = api_metrics.ApiMetrics().render({"step_seconds": steps.snapshot()}).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "radixcluster_step_duration_seconds"]
+    buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert (buckets["0.005"], buckets["0.025"], buckets["10.0"], buckets["+Inf"]) == (1, 3, 3, 4)
 
 
 def test_dashboard_queries_exported_metrics(exported: set[str]) -> None:

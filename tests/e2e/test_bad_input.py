@@ -12,6 +12,7 @@ pytestmark = pytest.mark.slow
 
 TEXT = "Hello there"
 CONTEXT = 8192
+CHAT = [{"role": "user", "content": TEXT}]
 
 
 def sampling(**params) -> dict:
@@ -44,6 +45,29 @@ NATIVE_CASES = {
     "sampling_params list for one prompt": ({"text": TEXT, "sampling_params": [{}, {}]}, "batch"),
     "sampling_params list of the wrong length": ({"text": [TEXT, TEXT], "sampling_params": [{}]}, "sampling_params"),
     "top-level max_tokens negative": ({"text": TEXT, "max_tokens": -3}, "max_tokens"),
+    # values that once reached the router and ended it (integers its arrays cannot hold)
+    "token id of 2**64 - 1": ({"input_ids": [1, 2**64 - 1]}, "input_ids"),
+    "token id of 2**63": ({"input_ids": [1, 2**63]}, "input_ids"),
+    "seed of 2**63": (sampling(seed=2**63), "seed"),
+    "top_k of 2**63": (sampling(top_k=2**63), "top_k"),
+    "stop token id of 2**63": (sampling(stop_token_ids=[2**63]), "stop_token_ids"),
+    "max_new_tokens of 2**63": (sampling(max_new_tokens=2**63), "max_new_tokens"),
+    "max_new_tokens beyond the context": (sampling(max_new_tokens=CONTEXT), "context length"),
+    "a 200,000-character stop string": (sampling(stop="x" * 200_000), "stop"),
+    "10,000 stop strings": (sampling(stop=["x"] * 10_000), "stop"),
+    "a 100 KiB JSON schema": (
+        sampling(json_schema={"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(4000)}}),
+        "json_schema",
+    ),
+    "2,000 prompts x n=64": ({"text": [TEXT] * 2000, "sampling_params": {"n": 64, "max_new_tokens": 1}}, "256"),
+    "deadline of zero": ({"text": TEXT, "deadline_s": 0}, "deadline_s"),
+    "10,000 stop regexes": (sampling(stop_regex=["x"] * 10_000), "stop_regex"),
+    "a stop regex that backtracks without end": (
+        {"text": "x", "sampling_params": {"max_new_tokens": 100, "regex": "x{100}", "stop_regex": "(x|xx)+y"}},
+        "simplify it",
+    ),
+    "a text longer than any prompt": ({"text": "hello " * 120_000, "max_tokens": 2}, "characters"),
+    "a 200,000-character cache_salt": ({"text": TEXT, "cache_salt": "s" * 200_000}, "cache_salt"),
 }
 
 OPENAI_CASES = {
@@ -73,6 +97,19 @@ OPENAI_CASES = {
         {"prompt": TEXT, "regex": "a+", "json_schema": "{}"},
         "at most one",
     ),
+    "completion token id of 2**64 - 1": ("/v1/completions", {"prompt": [1, 2**64 - 1]}, "prompt"),
+    "completion seed of 2**64 - 1": ("/v1/completions", {"prompt": TEXT, "seed": 2**64 - 1}, "seed"),
+    "chat seed of 2**63": ("/v1/chat/completions", {"messages": CHAT, "seed": 2**63}, "seed"),
+    "chat top_k of 2**63": ("/v1/chat/completions", {"messages": CHAT, "top_k": 2**63}, "top_k"),
+    "chat max_tokens of 2**63": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2**63}, "max_new_tokens"),
+    "chat stop bomb": ("/v1/chat/completions", {"messages": CHAT, "stop": ["y" * 200_000]}, "stop"),
+    "completion fan-out": ("/v1/completions", {"prompt": [TEXT] * 20_000, "n": 64}, "256"),
+}
+
+# tokenizing runs on the router's loop: no call may hold it up for long
+TOKENIZER_CASES = {
+    "tokenize bomb": ("/tokenize", {"prompt": ["hello " * 60_000] * 2}, "characters"),
+    "detokenize bomb": ("/detokenize", {"tokens": [504] * 700_000}, "token ids"),
 }
 
 
@@ -90,6 +127,11 @@ def test_native_request_validation(server, still_serves, body, word):
 
 @pytest.mark.parametrize("path,body,word", OPENAI_CASES.values(), ids=OPENAI_CASES.keys())
 def test_openai_request_validation(server, still_serves, path, body, word):
+    assert_error(post(server, path, body), 400, word)
+
+
+@pytest.mark.parametrize("path,body,word", TOKENIZER_CASES.values(), ids=TOKENIZER_CASES.keys())
+def test_tokenizer_endpoint_bounds(server, still_serves, path, body, word):
     assert_error(post(server, path, body), 400, word)
 
 
@@ -148,3 +190,43 @@ def test_unknown_path_and_wrong_method(server):
 def test_duplicate_request_ids(server, still_serves):
     body = {"text": [TEXT, TEXT], "rid": ["same", "same"], "max_tokens": 2}
     assert_error(post(server, "/generate", body), 400, "distinct")
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("/generate", b'{"text": "Hello \\ud800 there", "max_tokens": 2}', "text"),
+        ("/generate", b'{"text": "hi", "sampling_params": {"stop": ["\\udfff"]}}', "sampling_params.stop.0"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', "messages.0.content"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(server, still_serves, path, body, field):
+    resp = requests.post(
+        server.url + path,
+        data=body,
+        headers={**server.headers(), "Content-Type": "application/json"},
+        timeout=TIMEOUT_S,
+    )
+    message = assert_error(resp, 400, "unicode")
+    assert message.startswith(field + ":")
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/generate", b'{"text": "hi", "sampling_params": {"temperature": Infinity}}'),
+        ("/generate", b'{"text": "hi", "sampling_params": {"temperature": NaN}}'),
+        ("/generate", b'{"text": "hi", "sampling_params": {"temperature": 1e999}}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}'),
+        ("/v1/completions", b'{"prompt": "hi", "temperature": Infinity}'),
+    ],
+)
+def test_json_infinity_and_nan_are_refused(server, still_serves, path, body):
+    """JSON's parser admits Infinity, NaN and overflowing numbers; no field takes them."""
+    resp = requests.post(
+        server.url + path,
+        data=body,
+        headers={**server.headers(), "Content-Type": "application/json"},
+        timeout=TIMEOUT_S,
+    )
+    assert_error(resp, 400, "temperature", "finite")

@@ -15,21 +15,13 @@ import torch
 
 from radixcluster.process_tree import descendants, is_running
 from support.api_helpers import generate, get, post, sse_events
+from support.reference_prompts import SERVER_NEW_TOKENS, SERVER_PROMPTS
 from support.servers import free_port, launch_server, radixcluster_command
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "你是一个资深Python工程师，请回答以下问题：\n\n如何实现一个LRU缓存？",
-    "The three primary colors are",
-    "Water boils at",
-    "1, 2, 3, 4, 5,",
-    "<|im_start|>user\nWhat is a radix tree?<|im_end|>\n<|im_start|>assistant\n",
-]
-NEW_TOKENS = 16
+PROMPTS = SERVER_PROMPTS
+NEW_TOKENS = SERVER_NEW_TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,17 @@
 """The OpenAI-compatible API through the official `openai` SDK against a real `radixcluster up`:
-chat and text completions, streaming, usage with cached tokens, logprobs, structured output."""
+chat and text completions, streaming (exact under load too), usage with cached tokens, logprobs,
+structured output."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import threading
+import time
 
 import openai
 import pytest
+import requests
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +166,60 @@ def test_sdk_raises_bad_request_for_invalid_parameters(client, model):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model, prompt="hi", max_tokens=4, echo=True)
     assert client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0).choices
+
+
+def test_concurrent_streams_under_a_loaded_api_equal_their_answers(server, client, model):
+    """Deltas of many streams at once, read slowly while other clients keep the api's event loop
+    busy (so outputs pile up before the response sends them), concatenate to the non-streaming
+    answers, with one finish_reason per choice."""
+    questions = [
+        [{"role": "user", "content": f"Name {k} animals that start with the letter {'BCDFGHJKLM'[k]}."}]
+        for k in range(8)
+    ]
+    answers = [
+        [
+            c.message.content
+            for c in client.chat.completions.create(model=model, messages=q, max_tokens=12, temperature=0, n=2).choices
+        ]
+        for q in questions
+    ]
+    stop_load = threading.Event()
+
+    def load() -> None:  # cumulative native streams with logprobs: heavy JSON on the api's loop
+        body = {"text": "Load.", "return_logprob": True, "top_logprobs_num": 20, "stream": True,
+                "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}}  # fmt: skip
+        while not stop_load.is_set():
+            with requests.post(
+                server.url + "/generate", json=body, headers=server.headers(), stream=True, timeout=120
+            ) as r:
+                for _ in r.iter_lines():
+                    pass
+
+    def slow_stream(question) -> tuple[list[str], list[list[str]]]:
+        body = {"model": model, "messages": question, "max_tokens": 12, "temperature": 0, "n": 2, "stream": True}
+        texts, finishes = ["", ""], [[], []]
+        with requests.post(
+            server.url + "/v1/chat/completions", json=body, headers=server.headers(), stream=True, timeout=120
+        ) as r:
+            for line in r.iter_lines(chunk_size=16):
+                time.sleep(0.01)
+                if line.startswith(b"data: {"):
+                    choice = json.loads(line[len(b"data: ") :])["choices"][0]
+                    texts[choice["index"]] += choice["delta"].get("content") or ""
+                    if choice["finish_reason"]:
+                        finishes[choice["index"]].append(choice["finish_reason"])
+        return texts, finishes
+
+    loaders = [threading.Thread(target=load) for _ in range(2)]
+    for t in loaders:
+        t.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+            streamed = list(pool.map(slow_stream, questions))
+    finally:
+        stop_load.set()
+        for t in loaders:
+            t.join()
+    for (texts, finishes), answer in zip(streamed, answers):
+        assert texts == answer
+        assert all(len(f) == 1 for f in finishes)

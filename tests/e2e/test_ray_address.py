@@ -1,8 +1,10 @@
-"""`radixcluster up --ray-address` joins a Ray head started apart from it, leaves it running,
-and refuses at once a cluster that cannot host its tensor-parallel group."""
+"""`radixcluster up --ray-address` joins a Ray head started apart from it (with Ray's token
+authentication when the cluster has it), leaves it running, and refuses at once a cluster that
+cannot host its tensor-parallel group."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import time
 
@@ -15,8 +17,12 @@ from support.servers import free_port, launch_server, radixcluster_command
 pytestmark = pytest.mark.slow
 
 
-def test_up_joins_an_existing_ray_cluster_and_leaves_it_running():
-    with ray_head(num_cpus=2) as address, launch_server("--ray-address", address) as srv:
+def test_up_joins_a_token_authenticated_ray_cluster_and_leaves_it_running():
+    token = secrets.token_hex(16)
+    with (
+        ray_head(num_cpus=2, token=token) as address,
+        launch_server("--ray-address", address, env={"RAY_AUTH_TOKEN": token}) as srv,
+    ):
         assert generate(srv, "The capital of France is", max_new_tokens=4)["meta_info"]["completion_tokens"] == 4
 
 

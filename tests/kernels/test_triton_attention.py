@@ -12,6 +12,7 @@ triton = pytest.importorskip("triton")
 
 from radixcluster.kernels.attention import store_kv  # noqa: E402
 from radixcluster.kernels.triton_attention import decode_splits, triton_paged_attention  # noqa: E402
+from radixcluster.kernels.triton_cascade import plan_cascade  # noqa: E402
 from radixcluster.kernels.triton_kv_store import triton_store_kv  # noqa: E402
 
 HEAD_DIM = 64
@@ -25,8 +26,23 @@ BATCHES = {
 }
 
 
+# shared-prefix (cascade) decodes: (lengths, groups of (members, shared tokens))
+SHARED = {
+    "one-group": ([(32, 1), (40, 1), (33, 1), (50, 1)], [([0, 1, 2, 3], 32)]),
+    "two-groups-and-a-loner": ([(32, 1), (40, 1), (48, 1), (50, 1), (20, 1)], [([0, 1], 32), ([2, 3], 48)]),
+    "group-of-one": ([(32, 1), (40, 1)], [([1], 32)]),
+    "extends-beside-a-group": ([(32, 5), (40, 1), (33, 20), (50, 1)], [([0, 1, 2, 3], 32)]),
+    "many-members-several-tiles": ([(64, 1)] * 30, [(list(range(30)), 64)]),
+}
+
+
 def case(name: str, page_size: int, heads: int, kv_heads: int) -> Case:
     return Case(BATCHES[name], page_size, heads, kv_heads, head_dim=HEAD_DIM, dtype=torch.float32, device=DEVICE)
+
+
+def shared_case(name: str, page_size: int, heads: int, kv_heads: int) -> Case:
+    lens, groups = SHARED[name]
+    return Case(lens, page_size, heads, kv_heads, head_dim=HEAD_DIM, dtype=torch.float32, device=DEVICE, groups=groups)
 
 
 def run_triton(c: Case) -> torch.Tensor:
@@ -39,6 +55,26 @@ def run_triton(c: Case) -> torch.Tensor:
 def test_matches_the_torch_reference(name: str, page_size: int, heads: int, kv_heads: int) -> None:
     expected = case(name, page_size, heads, kv_heads).run()
     torch.testing.assert_close(run_triton(case(name, page_size, heads, kv_heads)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("name", sorted(SHARED))
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 4)])
+def test_shared_prefix_decodes_match_the_reference(name: str, page_size: int, heads: int, kv_heads: int) -> None:
+    c = shared_case(name, page_size, heads, kv_heads)
+    torch.testing.assert_close(run_triton(c), c.expected(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_group_reads_its_prefix_through_one_table_only() -> None:
+    c = shared_case("one-group", 1, 9, 3)
+    expected = c.expected()
+    # the members' own copies of the shared page entries are never read: the cascade reads
+    # the shared prefix through the first member's table, the split kernel starts past it
+    spare = next(page for page in range(c.k_cache.shape[0]) if page not in c.page_table)
+    c.page_table[1:, :32] = spare
+    torch.testing.assert_close(run_triton(c), expected, rtol=1e-5, atol=1e-5)
+    cascade = plan_cascade(c.metadata(gather_rows=False), 3)
+    assert cascade.skip.tolist() == [32] * 4 and cascade.group_count.tolist() == [4]
 
 
 def test_long_decodes_are_split() -> None:

@@ -1,9 +1,12 @@
 """The router's request handling on the real tokenizer, scheduler and model runner, in one
-process (the sockets around it are exercised by the end-to-end tests)."""
+process (the sockets around it are exercised by the end-to-end tests): outputs, prefix reuse,
+rejections, and that no request, however malformed, and no failing step can stop it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import re
 
 import numpy as np
@@ -12,7 +15,15 @@ import torch
 
 from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.model_path import served_model_name
-from radixcluster.protocol import AbortRequest, ControlRequest, GenerateRequest, RequestOutput, SamplingParams
+from radixcluster.protocol import (
+    AbortRequest,
+    ControlRequest,
+    ForwardBatch,
+    GenerateRequest,
+    RequestOutput,
+    SamplingParams,
+    StepResult,
+)
 from radixcluster.router.router_process import Router, RouterConfig
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
@@ -43,13 +54,19 @@ def router_config(model_path, **overrides) -> RouterConfig:
         tp_size=1,
         device="cpu",
         dtype="float32",
+        max_queued_requests=64,
     )
     return RouterConfig(**{**fields, **overrides})
 
 
 @pytest.fixture()
-def router(model_path) -> Router:
-    return Router(router_config(model_path))
+def config(model_path) -> RouterConfig:
+    return router_config(model_path)
+
+
+@pytest.fixture()
+def router(config) -> Router:
+    return Router(config)
 
 
 def request(text: str | None = None, **kw) -> GenerateRequest:
@@ -64,6 +81,13 @@ def run(router: Router, runner: ModelRunner, *reqs: GenerateRequest) -> dict[str
     for r in reqs:
         for out in router.submit(r):
             outputs[out.rid].append(out)
+    return drive(router, runner, outputs)
+
+
+def drive(
+    router: Router, runner: ModelRunner, outputs: dict[str, list[RequestOutput]]
+) -> dict[str, list[RequestOutput]]:
+    """Step until every request in ``outputs`` has its last output (collected there)."""
     while not all(outs and outs[-1].finished for outs in outputs.values()):
         for out in router.step(runner.step):
             outputs[out.rid].append(out)
@@ -277,3 +301,144 @@ def test_tree_events_let_a_gateway_predict_the_cached_tokens(model_path, runner)
     assert router.submit(ControlRequest(cid="f", kind="flush_cache"))[0].payload["success"]
     replay()
     assert view == set()
+
+
+def stats(router: Router) -> dict:
+    return router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+
+
+def assert_serves(router: Router, runner: ModelRunner) -> None:
+    """A plain request still gets its tokens, and the pool is whole afterwards."""
+    msg = request("Still there?", sampling={"max_new_tokens": 3, "ignore_eos": True})
+    assert run(router, runner, msg)[msg.rid][-1].completion_tokens == 3
+    after = stats(router)
+    assert after["running_requests"] == after["waiting_requests"] == 0
+    assert after["free_pages"] + after["evictable_tokens"] == after["num_pages"]
+
+
+BIG = 2**63
+
+
+@pytest.mark.parametrize(
+    "msg, words",
+    [
+        (GenerateRequest(rid="i", sampling=SamplingParams(), input_ids=[1, BIG]), "input_ids"),
+        (GenerateRequest(rid="i2", sampling=SamplingParams(), input_ids=[1, 2**64 + 5]), "input_ids"),
+        (GenerateRequest(rid="t", sampling=SamplingParams(stop_token_ids=[BIG]), text="hi"), "stop_token_ids"),
+        (GenerateRequest(rid="s", sampling=SamplingParams(seed=BIG), text="hi"), "seed"),
+        (GenerateRequest(rid="k", sampling=SamplingParams(top_k=BIG), text="hi"), "top_k"),
+        (GenerateRequest(rid="n", sampling=SamplingParams(max_new_tokens=BIG), text="hi"), "max_new_tokens"),
+        (GenerateRequest(rid="c", sampling=SamplingParams(max_new_tokens=8191), text="Hello there"), "context length"),
+    ],
+)
+def test_values_beyond_what_the_arrays_hold_are_refused_and_the_router_serves_on(router, runner, msg, words):
+    """What the api bounds, the router checks again: a message from any other client must not
+    crash the loop (an OverflowError in the intake or a step later in the batch builder)."""
+    (out,) = router.submit(msg)
+    assert out.status == 400 and out.finished and words in out.error
+    assert_serves(router, runner)
+
+
+def test_a_request_larger_than_the_kv_pool_is_refused(config):
+    """A pool smaller than the context (a small host, or --max-total-tokens): a request that
+    could never fit is a 400, not a ValueError out of the scheduler."""
+    router = Router(dataclasses.replace(config, num_pages=1000))
+    (out,) = router.submit(request(input_ids=[5] * 10, sampling={"max_new_tokens": 991}))
+    assert out.status == 400 and "KV pool of 1000 tokens" in out.error
+    assert router.submit(request(input_ids=[5] * 10, sampling={"max_new_tokens": 990})) == []
+
+
+def test_a_failing_step_fails_its_batch_and_the_router_serves_on(router, runner):
+    doomed = [request(f"Doomed {i}:", stream=True, sampling={"max_new_tokens": 50}) for i in range(2)]
+    for msg in doomed:
+        router.submit(msg)
+    router.step(runner.step)  # their prefill
+
+    def broken(batch: ForwardBatch) -> StepResult:
+        raise RuntimeError("the executor broke")
+
+    outputs = router.step(broken)
+    assert sorted(out.rid for out in outputs) == sorted(msg.rid for msg in doomed)
+    assert all(out.status == 500 and out.finished for out in outputs)
+    assert all("the executor broke" not in out.error for out in outputs)  # internals stay in the log
+    assert stats(router)["aborted_requests_total"] == 2
+    assert_serves(router, runner)
+
+
+def test_a_full_queue_answers_429(config):
+    router = Router(dataclasses.replace(config, max_queued_requests=2))
+    assert router.submit(request("one")) == [] and router.submit(request("two")) == []
+    (out,) = router.submit(request("three"))
+    assert out.status == 429 and "queued" in out.error
+
+
+def test_a_grammar_compiles_while_other_requests_are_served(router, runner):
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    constrained = request("A JSON object:", sampling={"max_new_tokens": 12, "json_schema": schema})
+    plain = request("Hello there", sampling={"max_new_tokens": 2, "ignore_eos": True})
+    assert router.submit(constrained) == [] and constrained.rid in router.compiling
+    assert not router.idle() and router.queued() == 1
+    assert router.submit(plain) == []
+    outputs = drive(router, runner, {plain.rid: [], constrained.rid: []})
+    assert outputs[plain.rid][-1].completion_tokens == 2
+    assert json.loads("".join(out.text for out in outputs[constrained.rid]))["n"] is not None
+    again = request("Another:", sampling={"max_new_tokens": 12, "json_schema": schema})
+    assert router.submit(again) == [] and again.rid not in router.compiling  # cached now
+
+
+def test_a_grammar_that_does_not_compile_and_an_abort_while_compiling(router, runner):
+    bad = request("x", sampling={"regex": "(unclosed"})
+    left = request("y", sampling={"regex": "[a-z]{3}"})
+    router.submit(bad)
+    router.submit(left)
+    (aborted,) = router.submit(AbortRequest(rid=left.rid))
+    assert aborted.finish_reason["type"] == "abort" and aborted.error is None and left.rid not in router.compiling
+    (out,) = drive(router, runner, {bad.rid: []})[bad.rid]
+    assert out.status == 400 and "invalid regex" in out.error
+    assert_serves(router, runner)
+
+
+def test_a_text_longer_than_any_prompt_is_refused_unread(router, runner):
+    """Tokenizing runs on the router's loop: a text that cannot fit the context whatever its
+    tokens is refused on its length alone, and so is such a text sent to /tokenize."""
+    limit = router.intake.max_text_chars
+    (out,) = router.submit(request("x" * (limit + 1)))
+    assert out.status == 400 and f"no text of more than {limit} characters" in out.error
+
+    def control(kind, **args):
+        return router.submit(ControlRequest(cid="t", kind=kind, args=args))[0]
+
+    assert "characters" in control("tokenize", prompts=["x" * (limit // 2 + 1)] * 2).error
+    assert "token ids to detokenize" in control("detokenize", tokens=[[5] * (limit // 2 + 1)] * 2).error
+    assert_serves(router, runner)
+
+
+def test_the_samples_of_one_prompt_are_tokenized_once(router, monkeypatch):
+    calls = []
+    encode = type(router.tokenizer).encode
+
+    def counted(tokenizer, text, **kw):
+        calls.append(text)
+        return encode(tokenizer, text, **kw)
+
+    monkeypatch.setattr(type(router.tokenizer), "encode", counted)
+    prompt = "Tell me a story about a lighthouse keeper."
+    msgs = [request(prompt, sampling={"max_new_tokens": 2, "temperature": 1.0, "seed": i}) for i in range(4)]
+    for msg in msgs:
+        assert router.submit(msg) == []
+    assert calls == [prompt]
+    assert len({tuple(r.prompt_ids) for r in router.scheduler.waiting}) == 1
+
+
+def test_a_stop_regex_that_backtracks_for_ever_ends_its_request_alone(router, runner):
+    """A grammar makes the model write a run of x, on which ``(x|xx)+y`` backtracks
+    exponentially: the search times out, that request ends with a 400, the other one finishes."""
+    bomb = request("x", sampling={"max_new_tokens": 100, "regex": "x{100}", "stop_regex": [r"(x|xx)+y"]})
+    plain = request("Hello there", sampling={"max_new_tokens": 6, "ignore_eos": True})
+    router.submit(bomb)
+    router.submit(plain)
+    outputs = drive(router, runner, {bomb.rid: [], plain.rid: []})
+    (last,) = outputs[bomb.rid]
+    assert last.status == 400 and "simplify it" in last.error
+    assert outputs[plain.rid][-1].completion_tokens == 6
+    assert_serves(router, runner)

@@ -447,3 +447,23 @@ def test_without_the_radix_cache_every_policy_is_fcfs() -> None:
     for policy in ("lpm", "dfs-weight"):
         assert make(schedule_policy=policy, enable_radix_cache=False)[0].policy.policy == "fcfs"
     assert make(schedule_policy="dfs-weight")[0].policy.policy == "dfs-weight"
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decodes_sharing_a_cached_prompt_are_grouped(page_size: int) -> None:
+    s, ex = make(page_size=page_size)
+    system = rand(64, 30)
+    warm(s, ex, np.concatenate([system, [1]]))
+    reqs = [req(f"r{i}", np.concatenate([system, rand(5, 40 + i)]), max_new=4) for i in range(3)]
+    loner = req("loner", rand(20, 50), max_new=4)
+    for r in (*reqs, loner):
+        s.add_request(r)
+    while (batch := step(s, ex)).forward.extend_lens.max() > 1:
+        pass
+    fwd = batch.forward
+    at = {r.rid: i for i, r in enumerate(batch.requests)}
+    groups = [fwd.prefix_groups[at[r.rid]] for r in reqs]
+    assert groups[0] >= 0 and groups == [groups[0]] * 3 and fwd.prefix_groups[at["loner"]] == -1
+    assert fwd.prefix_group_lens[groups[0]] == 64
+    run(s, ex)
+    check_outputs([*reqs, loner])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from radixcluster.kernels.attention import AttentionMetadata, build_attention_metadata, paged_attention, store_kv
@@ -15,23 +16,24 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadat
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_len: int) -> torch.Tensor:
-    """q ``[n, H, D]`` at positions prefix_len.., k/v ``[prefix_len + n, KV, D]``: dense softmax."""
-    group = q.shape[1] // k.shape[1]
-    scale = q.shape[2] ** -0.5
-    out = torch.empty_like(q)
-    for i in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            keys = k[: prefix_len + i + 1, h // group]
-            weights = torch.softmax(keys @ q[i, h] * scale, dim=0)
-            out[i, h] = weights @ v[: prefix_len + i + 1, h // group]
-    return out
+    """q ``[n, H, D]`` at positions prefix_len.., k/v ``[prefix_len + n, KV, D]``: a dense,
+    masked softmax over every head (K/V repeated for grouped-query heads)."""
+    n, heads, head_dim = q.shape
+    group = heads // k.shape[1]
+    keys, values = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q, keys) * head_dim**-0.5
+    visible = torch.arange(k.shape[0])[None, :] <= (prefix_len + torch.arange(n))[:, None]
+    weights = torch.softmax(scores.masked_fill(~visible.to(q.device), float("-inf")), dim=-1)
+    return torch.einsum("hnl,lhd->nhd", weights, values)
 
 
 class Case:
     """A batch of requests (prefix_len, extend_len) with random K/V for every context token,
     the prefixes already in a shuffled page pool and the new tokens' K/V still to be stored.
-    The same arguments give the same case; its tensors live on ``device``, its page table
-    on the CPU (as the worker's mirror does)."""
+    ``groups`` lists (member requests, shared length): the members' first tokens, a whole
+    number of pages within every member's prefix, live on the same pages, as the radix tree
+    shares them. The same arguments give the same case; its tensors live on ``device``, its
+    page table on the CPU (as the worker's mirror does)."""
 
     def __init__(
         self,
@@ -43,9 +45,11 @@ class Case:
         head_dim: int = 8,
         dtype: torch.dtype = torch.float64,
         device: str = "cpu",
+        groups: list[tuple[list[int], int]] = (),
     ) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.lens, self.page_size, self.head_dim, self.device = lens, page_size, head_dim, device
+        self.groups = list(groups)
         pages_per_req = [-(-(p + e) // page_size) for p, e in lens]
         num_pages = sum(pages_per_req) + 3
         order = list(range(num_pages))
@@ -60,6 +64,11 @@ class Case:
         self.k = [torch.randn(p + e, kv_heads, head_dim, generator=gen, dtype=dtype) for p, e in lens]
         self.v = [torch.randn(p + e, kv_heads, head_dim, generator=gen, dtype=dtype) for p, e in lens]
         self.q = [torch.randn(e, heads, head_dim, generator=gen, dtype=dtype) for _, e in lens]
+        for members, shared in self.groups:
+            assert shared % page_size == 0 and all(shared <= lens[b][0] for b in members)
+            for b in members[1:]:
+                self.page_table[b, : shared // page_size] = self.page_table[members[0], : shared // page_size]
+                self.k[b][:shared], self.v[b][:shared] = self.k[members[0]][:shared], self.v[members[0]][:shared]
         for b, (prefix, _) in enumerate(lens):
             for t in range(prefix):
                 page = self.page_table[b, t // page_size]
@@ -71,8 +80,18 @@ class Case:
     def metadata(self, gather_rows: bool = True) -> AttentionMetadata:
         prefix = torch.tensor([p for p, _ in self.lens])
         extend = torch.tensor([e for _, e in self.lens])
+        group_of = np.full(len(self.lens), -1, dtype=np.int32)
+        for g, (members, _) in enumerate(self.groups):
+            group_of[members] = g
         return build_attention_metadata(
-            self.page_table, prefix, extend, self.page_size, self.device, gather_rows=gather_rows
+            self.page_table,
+            prefix,
+            extend,
+            self.page_size,
+            self.device,
+            gather_rows=gather_rows,
+            shared_groups=group_of if self.groups else None,
+            shared_lens=np.array([n for _, n in self.groups], dtype=np.int32) if self.groups else None,
         )
 
     def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,4 +109,9 @@ class Case:
         return attention(torch.cat(self.q), self.k_cache, self.v_cache, meta, self.head_dim**-0.5)
 
     def expected(self) -> torch.Tensor:
-        return torch.cat([naive_attention(q, k, v, p) for q, k, v, (p, _) in zip(self.q, self.k, self.v, self.lens)])
+        """Dense attention over the case's inputs, in float64, returned in the case's dtype."""
+        parts = [
+            naive_attention(q.double(), k.double(), v.double(), p)
+            for q, k, v, (p, _) in zip(self.q, self.k, self.v, self.lens)
+        ]
+        return torch.cat(parts).to(self.q[0].dtype)

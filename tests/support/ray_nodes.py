@@ -22,11 +22,13 @@ STARTED = "Ray runtime started"
 
 
 @contextlib.contextmanager
-def _ray_start(*flags: str) -> Iterator[subprocess.Popen]:
-    """`ray start --block` with ``flags``, once it says it started; stopped after."""
+def _ray_start(*flags: str, token: str | None = None) -> Iterator[subprocess.Popen]:
+    """`ray start --block` with ``flags`` (and token authentication when ``token`` is given),
+    once it says it started; stopped after."""
     ray = Path(sys.executable).parent / "ray"
     temp = Path(tempfile.mkdtemp(prefix="rn-"))
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [str(ray), "start", "--block", "--num-gpus=0", f"--temp-dir={temp}", *flags]
     log = temp / "ray-start.log"
     with log.open("w") as out:
@@ -50,12 +52,12 @@ def _ray_start(*flags: str) -> Iterator[subprocess.Popen]:
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int, node_ip: str = "127.0.0.1") -> Iterator[str]:
-    """A Ray head; yields its address. It must still run when the block ends: stopping a
-    radixcluster that joined it must leave it running."""
+def ray_head(num_cpus: int, node_ip: str = "127.0.0.1", token: str | None = None) -> Iterator[str]:
+    """A Ray head (token-authenticated when ``token`` is given); yields its address. It must still
+    run when the block ends: stopping a radixcluster that joined it must leave it running."""
     port = free_port()
     flags = (f"--port={port}", f"--num-cpus={num_cpus}", f"--node-ip-address={node_ip}", "--include-dashboard=false")
-    with _ray_start("--head", *flags) as head:
+    with _ray_start("--head", *flags, token=token) as head:
         yield f"{node_ip}:{port}"
         assert head.poll() is None, "stopping radixcluster stopped a Ray head it did not start"
 

@@ -65,14 +65,24 @@ def stop_server(handle: ServerHandle, timeout: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def launch_server(*extra_args: str, api_key: str | None = None, command: str = "up") -> Iterator[ServerHandle]:
-    """Start `radixcluster up` (or ``command``, e.g. "gateway") with extra flags; yield once
+def launch_server(
+    *extra_args: str,
+    api_key: str | None = None,
+    key_in_env: bool = False,
+    env: dict[str, str] | None = None,
+    command: str = "up",
+) -> Iterator[ServerHandle]:
+    """Start `radixcluster up` (or ``command``, e.g. "gateway") with extra flags (the API key as a
+    flag, or in the environment with ``key_in_env``; ``env`` added to the environment); yield once
     /health answers; stop it after."""
     port = free_port()
     cmd = [*radixcluster_command(), command, "--host", "127.0.0.1", "--port", str(port), *extra_args]
-    if api_key:
+    environment = {**os.environ, **(env or {})}
+    if api_key and key_in_env:
+        environment["RADIXCLUSTER_API_KEY"] = api_key
+    elif api_key:
         cmd += ["--api-key", api_key]
-    process = subprocess.Popen(cmd, start_new_session=True)
+    process = subprocess.Popen(cmd, start_new_session=True, env=environment)
     handle = ServerHandle(url=f"http://127.0.0.1:{port}", api_key=api_key, process=process)
     try:
         wait_healthy(handle)

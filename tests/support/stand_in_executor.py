@@ -5,6 +5,8 @@ deltas to mirrored tables, writes every new token id into a fake KV pool at
 (page, offset), then reads each request's WHOLE context back through its page table and
 hashes it into the next token. A wrong page index anywhere gives a wrong token, so
 comparing outputs with ``reference_generate`` checks the scheduler's paging end to end.
+It also checks the batch's shared-prefix groups: every member of a group holds the shared
+tokens, already computed, on the same pages (what the attention kernels rely on).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class StandInExecutor:
         self.tables = np.full((max_slots, max_pages_per_req), -1, dtype=np.int64)
         self.steps = 0
         self.tokens_computed = 0
+        self.shared_reads = 0  # tokens a group's requests did not each have to read
 
     def __call__(self, fwd: ForwardBatch) -> StepResult:
         # the batch crosses a process boundary in production: do the same here
@@ -70,6 +73,20 @@ class StandInExecutor:
             assert (ctx_pages >= 0).all(), "context reads an unset page-table entry"
             out[i] = next_token(self.kv[ctx_pages, ctx_pos % ps].astype(np.int32))
         assert first == len(fwd.input_ids)
+        self._check_groups(fwd)
         self.steps += 1
         self.tokens_computed += int(fwd.extend_lens.sum())
         return StepResult(step_id=fwd.step_id, next_token_ids=out)
+
+    def _check_groups(self, fwd: ForwardBatch) -> None:
+        if fwd.prefix_groups is None:
+            assert fwd.prefix_group_lens is None
+            return
+        ps = self.page_size
+        for g, length in enumerate(fwd.prefix_group_lens.tolist()):
+            members = np.flatnonzero(fwd.prefix_groups == g)
+            assert len(members) >= 2 and 0 < length and length % ps == 0, "a group is two requests sharing pages"
+            assert (fwd.prefix_lens[members] >= length).all(), "a shared prefix must be computed already"
+            tables = self.tables[fwd.slots[members], : length // ps]
+            assert (tables == tables[0]).all(), "a group's requests must share the prefix's pages"
+            self.shared_reads += length * (len(members) - 1)

@@ -107,7 +107,8 @@ def test_mixed_batch_equals_each_request_alone(runner, prompts, reference) -> No
     runner.forward(alone.batch([Extend(9, b, 0)]))
     for row, req in zip(together, batch):
         single = runner.forward(alone.batch([Extend(slots[req.slot], req.token_ids, req.prefix_len)]))
-        torch.testing.assert_close(row, single[0], rtol=1e-4, atol=1e-4)
+        # a batch's size picks the GEMM kernel (packed oneDNN or MKL): equal up to float rounding
+        assert rel_err(row, single[0]) < 1e-4
     assert rel_err(together[1], reference(a + [42])) < 1e-4
     assert rel_err(together[3], reference(b + [7])) < 1e-4
 

@@ -1,5 +1,6 @@
-"""ModelRunner.step on SmolLM2: greedy continuations equal transformers' generate, prompt
-logprobs equal its log-softmax, and the runner loads the GGUF itself through iter_weights."""
+"""ModelRunner.step on SmolLM2: greedy continuations equal transformers' generate (on the default
+CPU path, the native kernels, and on the torch reference), prompt logprobs equal its
+log-softmax, and the runner loads the GGUF itself through iter_weights."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ import torch
 from radixcluster.protocol import StepResult, decode, encode
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from support.paged_batches import Extend, PageBook
+from support.reference_prompts import RUNNER_NEW_TOKENS, RUNNER_PROMPTS
 
-PROMPTS = ["The three primary colors are", "List the planets of the solar system:\n1."]
+PROMPTS = RUNNER_PROMPTS
 
 
-def runner_config(model_path, page_size: int = 16) -> RunnerConfig:
-    return RunnerConfig(model_path=model_path, num_pages=512, page_size=page_size, max_slots=4, max_context_len=256)
+def runner_config(model_path, page_size: int = 16, attention_backend: str = "auto") -> RunnerConfig:
+    return RunnerConfig(
+        model_path=model_path,
+        num_pages=512,
+        page_size=page_size,
+        max_slots=4,
+        max_context_len=256,
+        attention_backend=attention_backend,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -23,19 +32,31 @@ def runner(model_path, hf_model) -> ModelRunner:
     return ModelRunner(runner_config(model_path), weights=hf_model.state_dict().items())
 
 
-def test_greedy_continuations_match_generate(runner, hf_model, hf_tokenizer) -> None:
+def test_the_default_cpu_path_is_the_native_kernels(runner) -> None:
+    assert runner.attention.name == "native"
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_greedy_continuations_match_generate(runner, backend, model_path, hf_model, hf_tokenizer) -> None:
+    if backend != "auto":
+        runner = ModelRunner(
+            runner_config(model_path, attention_backend=backend), weights=hf_model.state_dict().items()
+        )
+        assert runner.attention.name == backend
     prompts = [hf_tokenizer(text)["input_ids"] for text in PROMPTS]
     book = PageBook(runner.config.page_size, runner.config.num_pages)
     # frames cross a real encode/decode, as they do between router and worker
     result = runner.step(decode(encode(book.batch([Extend(slot, p, 0) for slot, p in enumerate(prompts)]))))
     outputs = [[int(t)] for t in result.next_token_ids]
-    for _ in range(31):
+    for _ in range(RUNNER_NEW_TOKENS - 1):
         batch = [Extend(slot, [out[-1]], len(p) + len(out) - 1) for slot, (p, out) in enumerate(zip(prompts, outputs))]
         result = runner.step(decode(encode(book.batch(batch))))
         for out, token in zip(outputs, result.next_token_ids):
             out.append(int(token))
     for prompt, ours in zip(prompts, outputs):
-        expected = hf_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
+        expected = hf_model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=RUNNER_NEW_TOKENS, min_new_tokens=RUNNER_NEW_TOKENS
+        )
         assert ours == expected[0, len(prompt) :].tolist()
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcluster.protocol import SamplingBatch, decode, encode
-from radixcluster.worker.sampler import apply_penalties, sample
+from radixcluster.worker.sampler import apply_penalties, argmax_rows, sample
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05: filter boundaries are far from float rounding
 FIVE = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]).log()
@@ -265,3 +265,23 @@ def test_sampled_token_is_within_the_filtered_set(logits, temperature, top_k, to
         row.tolist(), float(np.float32(temperature)), top_k, float(np.float32(top_p)), float(np.float32(min_p))
     )
     assert set(tokens) <= allowed
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.sampled_from([5, 64, 192, 512, 1000, 1536, 49152]),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["ties", "normal", "inf", "nan"]),
+)
+def test_argmax_rows_is_torch_argmax(rows, width, seed, kind):
+    generator = torch.Generator().manual_seed(seed)
+    if kind == "ties":  # few distinct values: many tied maxima, across and within blocks
+        x = torch.randint(0, 3, (rows, width), generator=generator).float()
+    else:
+        x = torch.randn(rows, width, generator=generator)
+    if kind in ("inf", "nan"):
+        special = torch.rand(rows, width, generator=generator) < 0.01
+        x[special] = float("-inf") if kind == "inf" else float("nan")
+        x[0] = float("-inf")  # a row with nothing allowed picks token 0
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))

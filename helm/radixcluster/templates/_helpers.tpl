@@ -78,7 +78,8 @@ app.kubernetes.io/component: ray-head
 {{- end }}
 {{- end }}
 
-{{/* The flags of `radixcluster up`; a null value leaves its flag to the server's default. */}}
+{{/* The flags of `radixcluster up`; a null value leaves its flag to the server's default. The API
+key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command line shows in ps). */}}
 {{- define "radixcluster.serverArgs" -}}
 {{- $s := .Values.server -}}
 - --host=0.0.0.0
@@ -88,13 +89,11 @@ app.kubernetes.io/component: ray-head
 {{- with (include "radixcluster.modelPath" .) }}
 - --model-path={{ . }}
 {{- end }}
-{{- if include "radixcluster.apiKeySecret" . }}
-- --api-key=$(RADIXCLUSTER_API_KEY)
-{{- end }}
+- --shutdown-timeout={{ $s.shutdownTimeout }}
 {{- if .Values.ray.enabled }}
 - --ray-address=$(RAY_ADDRESS)
 {{- end }}
-{{- $ints := dict "pageSize" "page-size" "chunkedPrefillSize" "chunked-prefill-size" "maxRunningRequests" "max-running-requests" "maxTotalTokens" "max-total-tokens" "contextLength" "context-length" }}
+{{- $ints := dict "pageSize" "page-size" "chunkedPrefillSize" "chunked-prefill-size" "maxRunningRequests" "max-running-requests" "maxQueuedRequests" "max-queued-requests" "maxTotalTokens" "max-total-tokens" "contextLength" "context-length" }}
 {{- range $key, $flag := $ints }}
 {{- with index $s $key }}
 - --{{ $flag }}={{ int64 . }}
@@ -204,4 +203,14 @@ anyone who reaches it). */}}
 {{- range $g.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end }}
+
+{{/* The pod's grace period after SIGTERM, refused when it cannot hold the preStop sleep, the drain
+and the teardown. */}}
+{{- define "radixcluster.terminationGracePeriod" -}}
+{{- $needed := add (int .Values.preStopSleepSeconds) (int (ceil .Values.server.shutdownTimeout)) 15 }}
+{{- if lt (int .Values.terminationGracePeriodSeconds) (int $needed) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least preStopSleepSeconds + server.shutdownTimeout + 15 = %d" (int .Values.terminationGracePeriodSeconds) (int $needed)) }}
+{{- end }}
+{{- int .Values.terminationGracePeriodSeconds }}
 {{- end }}

@@ -146,3 +146,16 @@ def test_stop_checker_matches_reference(text: str, stops: list[str], cuts: list[
     # Never a complete stop string in trimmed output, and nothing streamed past it.
     if not no_stop_trim:
         assert not any(s in "".join(out) for s in stops)
+
+
+def test_a_long_stop_string_is_matched_across_many_deltas() -> None:
+    """A 200,000-character stop string (once O(L^2) memory in prefixes) streams through in
+    small deltas: its near misses are released, the real match is cut."""
+    stop = "ab" * 100_000
+    checker = StopChecker([stop, "zz"])
+    near_miss = "ab" * 99_999 + "ac"
+    emitted = [checker.feed(near_miss[i : i + 7])[0] for i in range(0, len(near_miss), 7)]
+    text = "x" + stop + "tail"
+    results = [checker.feed(text[i : i + 5]) for i in range(0, len(text), 5)]
+    assert "".join(emitted + [out for out, _ in results]) == near_miss + "x"
+    assert any(stopped for _, stopped in results) and checker.matched == stop

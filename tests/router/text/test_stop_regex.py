@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcluster.router.text.stop_regex import RegexStopChecker
+from radixcluster.router.text.stop_regex import RegexStopChecker, StopRegexTimeout
 
 PATTERNS = ["a", "b+", "c.", "[ab]c", r"\d{2}", "x|yz"]
 
@@ -61,3 +62,12 @@ def test_stops_at_the_first_delta_whose_text_matches(text: str, patterns: list[s
         fed = text[: bounds[stop + 1]]
         end = min(m.end() for p in patterns if (m := re.search(p, fed)))
         assert checker.stopped and emitted == fed[: max(end, bounds[stop])]
+
+
+def test_a_catastrophically_backtracking_pattern_times_out_instead_of_hanging():
+    """``(x|xx)+y`` takes exponential time on a run of x without a y; ``re`` would search it for
+    ever on the router's loop."""
+    checker = RegexStopChecker([r"(x|xx)+y"])
+    with pytest.raises(StopRegexTimeout, match="simplify it"):
+        for _ in range(400):
+            checker.feed("xxxxx")

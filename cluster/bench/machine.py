@@ -1,0 +1,38 @@
+"""What a benchmark records about the machine it ran on: the CPU model, its vector extensions,
+and the load other work put on it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# flags of /proc/cpuinfo that decide which CPU kernels run
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def _cpuinfo_field(name: str, cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpu_model(cpuinfo_path: Path = Path("/proc/cpuinfo")) -> str:
+    """``"AMD EPYC, 2 CPUs (avx2)"``: the model name, the CPUs this process may use and the
+    vector extensions of VECTOR_FLAGS that the CPU has."""
+    try:
+        cpuinfo = cpuinfo_path.read_text()
+    except OSError:
+        return "unknown CPU"
+    flags = set(_cpuinfo_field("flags", cpuinfo).split())
+    present = [flag for flag in VECTOR_FLAGS if flag in flags] or ["no AVX2"]
+    return f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs ({', '.join(present)})"
+
+
+def load_average(loadavg_path: Path = Path("/proc/loadavg")) -> str:
+    """The 1-, 5- and 15-minute load averages, e.g. ``"0.52 0.61 0.70"``."""
+    try:
+        return " ".join(loadavg_path.read_text().split()[:3])
+    except OSError:
+        return "unknown"

@@ -1,0 +1,129 @@
+// One block of query rows against one block of keys: scores, the online-softmax update and
+// the weighted sum of values, with the running (max, sum, output) kept per row in fp32.
+//
+// Scores are held transposed, one vector per key with one lane per query row, so the row
+// maxima, exponentials and sums of a whole block are plain vector operations.
+#pragma once
+
+#include <type_traits>
+
+#include "vec.h"
+
+namespace rc {
+
+constexpr int KEY_BLOCK = 32;
+
+// Query rows and their outputs are stored in blocks of W rows, chunk-major within a block
+// ([head_dim / W][W rows][W lanes]), so one base pointer reaches every row's chunk c.
+inline int64_t blocked(int row, int c, int head_dim) { return int64_t(row / W) * W * head_dim + int64_t(c) * W + (row % W) * W; }
+
+// What one block needs: NR query rows (blocked, already scaled), their running state, and nk
+// keys whose K and V rows (fp32, or bf16 as uint16_t) are at k[j] and v[j].
+struct TileRows {
+  const float* q;
+  // with bfloat16 dot products: the rows unscaled in bf16, in blocks of W rows, each
+  // [head_dim / 32][W rows][32]; their scores are scaled after the dot
+  const uint16_t* q_bf16;
+  float scale;
+  float* acc;  // unnormalised output, blocked like q
+  float* max;  // [W]
+  float* sum;  // [W]
+  const float* limit;  // [W]: row r sees keys < limit[r] (0 for padding lanes)
+};
+
+template <class T>
+struct KeyBlock {
+  const T* const* k;
+  const T* const* v;
+  int nk;
+  int first;  // position of key 0
+  int head_dim;
+  float* scratch;  // [KEY_BLOCK, W]
+  // the next block's K and V rows (byte addresses), fetched while this one computes so the
+  // scattered rows of a paged cache arrive before they are needed
+  const char* const* next_k;
+  const char* const* next_v;
+  int next_n;
+  int row_bytes;
+};
+
+inline void prefetch_row(const char* row, int bytes) {
+  // into L2 (a block ahead would not fit L1 beside the block being read)
+  for (int line = 0; line < bytes; line += 64) __builtin_prefetch(row + line, 0, 2);
+}
+
+inline F load_row(const float* p) { return Vec::load(p); }
+inline F load_row(const uint16_t* p) { return Vec::load_bf16(p); }
+
+// MASKED: some row does not see every key of the block (causal), so scores are masked.
+template <int NR, bool MASKED, class T>
+inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
+  const int d = keys.head_dim;
+  F* p = reinterpret_cast<F*>(keys.scratch);
+  const F limit = Vec::load(rows.limit);
+  F block_max = Vec::set1(NEG_INF);
+  for (int j = 0; j < keys.nk; ++j) {
+    F dot[NR];
+    for (int r = 0; r < NR; ++r) dot[r] = Vec::zero();
+    const T* k = keys.k[j];
+    if constexpr (std::is_same_v<T, uint16_t> && Vec::BF16_DOT) {
+      for (int c = 0; c < d; c += 32) {
+        const uint16_t* qc = rows.q_bf16 + c * W;
+        for (int r = 0; r < NR; ++r) dot[r] = Vec::dot_bf16(dot[r], qc + r * 32, k + c);
+      }
+    } else {
+      for (int c = 0; c < d; c += W) {
+        F kc = load_row(k + c);
+        const float* qc = rows.q + c * W;
+        for (int r = 0; r < NR; ++r) dot[r] = Vec::fma(Vec::load(qc + r * W), kc, dot[r]);
+      }
+    }
+    if (j < keys.next_n) {
+      prefetch_row(keys.next_k[j], keys.row_bytes);
+      prefetch_row(keys.next_v[j], keys.row_bytes);
+    }
+    F s = Vec::hsum_rows<NR>(dot);
+    if constexpr (std::is_same_v<T, uint16_t> && Vec::BF16_DOT) s = Vec::mul(s, Vec::set1(rows.scale));
+    if constexpr (MASKED) s = Vec::select_gt(limit, Vec::set1(float(keys.first + j)), s, Vec::set1(NEG_INF));
+    Vec::store(reinterpret_cast<float*>(p + j), s);
+    block_max = Vec::max(block_max, s);
+  }
+  const F old_max = Vec::load(rows.max);
+  const F new_max = Vec::max(old_max, block_max);
+  // a row that has seen no visible key yet keeps max -inf; measure it from 0 (no NaN)
+  const F base = Vec::select_gt(new_max, Vec::set1(NEG_INF), new_max, Vec::zero());
+  const F alpha = exp(Vec::sub(old_max, base));
+  F block_sum = Vec::zero();
+  for (int j = 0; j < keys.nk; ++j) {
+    F e = exp(Vec::sub(Vec::load(reinterpret_cast<float*>(p + j)), base));
+    Vec::store(reinterpret_cast<float*>(p + j), e);
+    block_sum = Vec::add(block_sum, e);
+  }
+  Vec::store(rows.max, new_max);
+  Vec::store(rows.sum, Vec::fma(Vec::load(rows.sum), alpha, block_sum));
+  float a[W];
+  Vec::store(a, alpha);
+  const float* pw = keys.scratch;
+  for (int c = 0; c < d; c += W) {
+    F o[NR];
+    float* ac = rows.acc + c * W;
+    for (int r = 0; r < NR; ++r) o[r] = Vec::mul(Vec::load(ac + r * W), Vec::set1(a[r]));
+    for (int j = 0; j < keys.nk; ++j) {
+      F vc = load_row(keys.v[j] + c);
+      for (int r = 0; r < NR; ++r) o[r] = Vec::fma(Vec::set1(pw[j * W + r]), vc, o[r]);
+    }
+    for (int r = 0; r < NR; ++r) Vec::store(ac + r * W, o[r]);
+  }
+}
+
+// attend_tile for a run-time row count 1..W
+template <class T, int N = 1>
+inline void attend_rows(int nr, bool masked, const TileRows& rows, const KeyBlock<T>& keys) {
+  if constexpr (N <= W) {
+    if (nr != N) return attend_rows<T, N + 1>(nr, masked, rows, keys);
+    if (masked) return attend_tile<N, true>(rows, keys);
+    attend_tile<N, false>(rows, keys);
+  }
+}
+
+}  // namespace rc

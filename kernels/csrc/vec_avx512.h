@@ -1,0 +1,90 @@
+// AVX-512 (F, BW, VL, DQ) vector traits: sixteen float lanes in a zmm register; with
+// RC_ISA_AVX512_BF16, bfloat16 dot products too (AVX512_BF16).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace rc {
+
+struct Vec {
+  static constexpr int W = 16;
+  using F = __m512;
+#if defined(RC_ISA_AVX512_BF16)
+  static constexpr bool BF16_DOT = true;
+  // acc lane i += a[2i] b[2i] + a[2i+1] b[2i+1], for 32 bfloat16 values of a and b
+  static F dot_bf16(F acc, const uint16_t* a, const uint16_t* b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+  }
+#else
+  static constexpr bool BF16_DOT = false;
+  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
+#endif
+
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float x) { return _mm512_set1_ps(x); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+  static F load_bf16(const uint16_t* p) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+  }
+  // x rounded to bfloat16 (nearest even) and widened back; NaN stays NaN
+  static F round_bf16(F a) {
+    __m512i bits = _mm512_castps_si512(a);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    F rounded = _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(int(0xffff0000u))));
+    return _mm512_mask_mov_ps(rounded, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+  }
+  // as c10::BFloat16 stores it: nearest even, NaN as the canonical quiet NaN
+  static void store_bf16(uint16_t* p, F a) {
+    __m512i high = _mm512_srli_epi32(_mm512_castps_si512(round_bf16(a)), 16);
+    high = _mm512_mask_mov_epi32(high, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(high));
+  }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F select_gt(F a, F b, F x, F y) { return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), x); }
+  static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F pow2i(F n) {
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static float hsum(F a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(F a) { return _mm512_reduce_max_ps(a); }
+  // lane r = hsum(acc[r]) for r < N, 0 beyond. Each stage halves the vectors, pairing
+  // (a, b) so a's partial sums fill one half and b's the other; the last stage leaves
+  // vector k + 4 m in lane 4 k + m, which one permutation puts back in order.
+  template <int N>
+  static F hsum_rows(const F* acc) {
+    F v[16];
+    for (int i = 0; i < 16; ++i) v[i] = i < N ? acc[i] : zero();
+    F h[8], q[4], w[2];
+    for (int i = 0; i < 8; ++i)
+      h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i)
+      w[i] = _mm512_add_ps(_mm512_unpacklo_ps(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_ps(q[2 * i], q[2 * i + 1]));
+    F z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, z);
+  }
+  static float lane(F a, int i) {
+    alignas(64) float tmp[W];
+    _mm512_store_ps(tmp, a);
+    return tmp[i];
+  }
+};
+
+}  // namespace rc

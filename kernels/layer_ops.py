@@ -1,0 +1,57 @@
+"""The elementwise steps of a decoder layer as one set: RMSNorm (with or without the residual
+add), rotary embedding followed by the K/V store, and SiLU·mul. ``torch_layer_ops`` is the
+reference composition; ``native_ops.NATIVE_LAYER_OPS`` fuses each step into one kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from radixcluster.kernels.activation import silu_and_mul
+from radixcluster.kernels.norm import add_rms_norm, rms_norm
+from radixcluster.kernels.rotary import apply_rotary
+
+StoreKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+RopeAndStore = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOps:
+    """``add_rms_norm`` may reuse its inputs' storage for its results (the native one writes
+    the normalised rows into ``x`` and the sum into ``residual``): callers pass tensors they own.
+
+    ``rope_and_store(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)``
+    takes the fused projection output ``[T, (heads + 2 kv_heads) * head_dim]``, writes the
+    rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
+    ``[T, heads, head_dim]`` (possibly a view of ``qkv``)."""
+
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    rope_and_store: RopeAndStore
+
+
+def torch_layer_ops(store_kv: StoreKV) -> LayerOps:
+    """The reference steps, writing K/V with ``store_kv``."""
+
+    def rope_and_store(
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+    ) -> torch.Tensor:
+        tokens, d = qkv.shape[0], k_cache.shape[-1]
+        q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+        k = apply_rotary(k.view(tokens, num_kv_heads, d), cos, sin)
+        store_kv(k_cache, v_cache, slot_mapping, k, v.view(tokens, num_kv_heads, d))
+        return apply_rotary(q.view(tokens, num_heads, d), cos, sin)
+
+    return LayerOps(rms_norm, add_rms_norm, silu_and_mul, rope_and_store)

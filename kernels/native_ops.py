@@ -1,0 +1,53 @@
+"""The native kernels' K/V store and fused layer steps (``torch.ops.radixcluster``; load them
+with ``native.load()`` first). Each matches its torch reference in ``layer_ops``/``attention``."""
+
+from __future__ import annotations
+
+import torch
+
+from radixcluster.kernels.layer_ops import LayerOps
+
+
+def native_store_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """``attention.store_kv``: rows ``slot_mapping`` of the caches take ``k`` and ``v``."""
+    torch.ops.radixcluster.store_kv(k_cache, v_cache, slot_mapping, k, v)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    torch.ops.radixcluster.rms_norm(x, weight, eps, out)
+    return out
+
+
+def _add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # in place: residual becomes residual + x, x its normalised rows
+    torch.ops.radixcluster.add_rms_norm(x, residual, weight, eps)
+    return x, residual
+
+
+def _silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(x.shape[0], x.shape[1] // 2)
+    torch.ops.radixcluster.silu_and_mul(x, out)
+    return out
+
+
+def _rope_and_store(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    torch.ops.radixcluster.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)
+    head_dim = k_cache.shape[-1]
+    return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
+
+
+NATIVE_LAYER_OPS = LayerOps(_rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store)

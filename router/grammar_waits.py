@@ -1,0 +1,102 @@
+"""Requests whose grammar is still compiling: the router loop goes on serving everyone else, then
+admits each request once its grammar is ready, or refuses it when the spec does not compile or
+does not compile within the deadline."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import xgrammar as xgr
+
+from radixcluster.router.grammar import GrammarCache, GrammarError, GrammarKey, RequestGrammar
+
+logger = logging.getLogger(__name__)
+
+# how long a request may wait for its grammar to compile before it is refused (400)
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, frozen=True)
+class GrammarOutcome(Generic[T]):
+    """A wait that ended: a matcher for the request, or the error (and HTTP status) to answer."""
+
+    payload: T
+    grammar: RequestGrammar | None
+    error: str | None = None
+    status: int = 200
+
+
+@dataclass(slots=True)
+class _Wait(Generic[T]):
+    key: GrammarKey
+    future: Future[xgr.CompiledGrammar]
+    deadline: float
+    payload: T
+
+
+class GrammarWaits(Generic[T]):
+    """Requests (by id) waiting for ``grammars`` to compile their spec in the background."""
+
+    def __init__(
+        self,
+        grammars: GrammarCache,
+        timeout_s: float = GRAMMAR_COMPILE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.grammars = grammars
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._waits: dict[str, _Wait[T]] = {}
+
+    def __len__(self) -> int:
+        return len(self._waits)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._waits
+
+    def rids(self) -> list[str]:
+        return list(self._waits)
+
+    def add(self, rid: str, key: GrammarKey, payload: T) -> None:
+        future = self.grammars.compile_in_background(key)
+        self._waits[rid] = _Wait(key, future, self._clock() + self.timeout_s, payload)
+
+    def cancel(self, rid: str) -> bool:
+        """Stop waiting for ``rid`` (its client left); the compile itself finishes and is cached."""
+        return self._waits.pop(rid, None) is not None
+
+    def finished(self) -> list[GrammarOutcome[T]]:
+        """The waits that ended since the last call, in arrival order."""
+        self.grammars.collect()
+        now = self._clock()
+        ended = []
+        for rid, wait in list(self._waits.items()):
+            if wait.future.done():
+                ended.append(self._outcome(rid, wait))
+            elif now >= wait.deadline:
+                kind = wait.key[0].replace("_", " ")
+                message = f"the {kind} did not compile within {self.timeout_s:g} s: simplify it"
+                ended.append(GrammarOutcome(wait.payload, None, message, 400))
+            else:
+                continue
+            del self._waits[rid]
+        return ended
+
+    def _outcome(self, rid: str, wait: _Wait[T]) -> GrammarOutcome[T]:
+        exc = wait.future.exception()
+        if isinstance(exc, GrammarError):
+            return GrammarOutcome(wait.payload, None, str(exc), 400)
+        try:
+            if exc is None:
+                return GrammarOutcome(wait.payload, self.grammars.matcher(wait.future.result()))
+            raise exc
+        except Exception:
+            logger.exception("compiling the grammar of request %s failed", rid)
+            return GrammarOutcome(wait.payload, None, "internal error while compiling the grammar", 500)

@@ -1,0 +1,69 @@
+"""Processes tied to their parent, and a command split so that a signal to its caller's process
+group reaches it alone: real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from radixcluster.process_tree import is_running
+
+# A script whose forked child ties itself to the script, reports its pid and waits.
+TIED_CHILD = """
+import os, time
+from radixcluster.process_tree import die_with_parent
+if os.fork() == 0:
+    die_with_parent(os.getppid())
+    print(os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+# The split: the child starts a process of its own that is not tied to it (as Ray's agents are
+# not), writes both pids and its process group, waits for SIGTERM, and exits 7.
+SPLIT = """
+import os, signal, subprocess, sys, time
+from radixcluster.process_tree import fork_into_own_group
+code = fork_into_own_group()
+if code is not None:
+    sys.exit(code)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+untied = subprocess.Popen(["sleep", "600"])
+print(os.getpid(), os.getpgid(0), untied.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def wait_gone(pid: int, deadline_s: float = 30) -> bool:
+    end = time.monotonic() + deadline_s
+    while is_running(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not is_running(pid)
+
+
+def test_a_tied_child_dies_with_its_parent():
+    parent = subprocess.Popen([sys.executable, "-c", TIED_CHILD], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert is_running(child)
+    parent.kill()
+    parent.wait()
+    assert wait_gone(child)
+
+
+def test_a_signal_to_the_callers_group_reaches_the_split_command_once():
+    front = subprocess.Popen([sys.executable, "-c", SPLIT], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child, group, untied = (int(x) for x in front.stdout.readline().split())
+    assert group == child != os.getpgid(front.pid)  # the child leads a group of its own
+    os.killpg(front.pid, signal.SIGTERM)  # the caller's group: the front only, which relays it
+    assert front.wait(timeout=60) == 7
+    assert wait_gone(child) and wait_gone(untied)  # what the child left in its group goes too
+
+
+def test_a_sigkilled_front_takes_the_whole_group_with_it():
+    front = subprocess.Popen([sys.executable, "-c", SPLIT], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child, _, untied = (int(x) for x in front.stdout.readline().split())
+    front.kill()
+    front.wait()
+    assert wait_gone(child) and wait_gone(untied)

@@ -1,0 +1,152 @@
+"""The api's bounds on every field: each bad request is refused with a message that names the field,
+before anything reaches the router (no server needed: these are the schemas and the body parser)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from radixcluster.router.api.errors import ApiError, describe_validation_error, parse_json
+from radixcluster.router.api.native_schemas import (
+    MAX_GENERATIONS,
+    MAX_GRAMMAR_CHARS,
+    MAX_KEY_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_REGEXES,
+    MAX_STOP_STRINGS,
+    GenerateIn,
+)
+from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
+
+BIG = 2**63
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def refusal(model: type, body: dict) -> str:
+    """The 400 message the api would send for ``body``."""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body).sampling() if model is not GenerateIn else model.model_validate(body).expand()
+    return describe_validation_error(info.value)
+
+
+def sampling(**params) -> dict:
+    return {"text": "hi", "sampling_params": params}
+
+
+NATIVE = {
+    "token id beyond int32": ({"input_ids": [1, 2**64 - 1]}, "input_ids.1"),
+    "stop token id beyond int32": (sampling(stop_token_ids=[BIG]), "stop_token_ids"),
+    "seed beyond int64": (sampling(seed=BIG), "seed"),
+    "top_k beyond int32": (sampling(top_k=BIG), "top_k"),
+    "max_new_tokens beyond int32": (sampling(max_new_tokens=BIG), "max_new_tokens"),
+    "top-level max_tokens beyond int32": ({"text": "hi", "max_tokens": BIG}, "max_tokens"),
+    "logprob_start_len beyond int32": ({"text": "hi", "logprob_start_len": BIG}, "logprob_start_len"),
+    "infinite temperature": (sampling(temperature=float("inf")), "temperature"),
+    "NaN top_p": (sampling(top_p=float("nan")), "top_p"),
+    "too many stop strings": (sampling(stop=["x"] * (MAX_STOP_STRINGS + 1)), "stop"),
+    "a 200,000-character stop string": (sampling(stop="x" * 200_000), "stop"),
+    "too many stop token ids": (sampling(stop_token_ids=[1] * 10_000), "stop_token_ids"),
+    "a huge regex": (sampling(regex="a" * (MAX_GRAMMAR_CHARS + 1)), "regex"),
+    "a huge JSON schema object": (sampling(json_schema={"enum": ["x" * MAX_GRAMMAR_CHARS]}), "json_schema"),
+    "fan-out": ({"text": ["hi"] * 20_000, "sampling_params": {"n": 64}}, "generations"),
+    "deadline of zero": ({"text": "hi", "deadline_s": 0}, "deadline_s"),
+    "infinite deadline": ({"text": "hi", "deadline_s": float("inf")}, "deadline_s"),
+    # SGLang's fields: each is bounded too
+    "too many stop regexes": (sampling(stop_regex=["x"] * (MAX_STOP_REGEXES + 1)), "stop_regex"),
+    "a 200,000-character stop regex": (sampling(stop_regex="x" * 200_000), "stop_regex"),
+    "stream_interval beyond int32": (sampling(stream_interval=BIG), "stream_interval"),
+    "per-prompt logprob_start_len beyond int32": (
+        {"text": ["hi", "ho"], "logprob_start_len": [0, BIG]},
+        "logprob_start_len.1",
+    ),
+    "a long rid": ({"text": "hi", "rid": "r" * (MAX_KEY_CHARS + 1)}, "rid"),
+    "a long cache_salt": ({"text": "hi", "cache_salt": "s" * 200_000}, "cache_salt"),
+    "a long extra_key in a batch": ({"text": ["hi", "ho"], "extra_key": ["k", "k" * 200_000]}, "extra_key.1"),
+}
+
+OPENAI = {
+    "completion prompt id beyond int32": (CompletionIn, {"prompt": [1, BIG]}, "prompt"),
+    "completion seed beyond int64": (CompletionIn, {"prompt": "hi", "seed": 2**64 - 1}, "seed"),
+    "completion top_k beyond int32": (CompletionIn, {"prompt": "hi", "top_k": BIG}, "top_k"),
+    "completion fan-out": (CompletionIn, {"prompt": ["hi"] * 20_000, "n": 64}, "generations"),
+    "completion infinite temperature": (CompletionIn, {"prompt": "hi", "temperature": float("inf")}, "temperature"),
+    "chat max_tokens beyond int32": (ChatCompletionIn, {"messages": CHAT, "max_tokens": BIG}, "max_new_tokens"),
+    "chat stop bomb": (ChatCompletionIn, {"messages": CHAT, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
+    "chat stop token bomb": (ChatCompletionIn, {"messages": CHAT, "stop_token_ids": [BIG]}, "stop_token_ids"),
+    "chat deadline": (ChatCompletionIn, {"messages": CHAT, "deadline_s": -1}, "deadline_s"),
+    "chat long rid": (ChatCompletionIn, {"messages": CHAT, "rid": "r" * (MAX_KEY_CHARS + 1)}, "rid"),
+    "completion long cache_salt": (CompletionIn, {"prompt": "hi", "cache_salt": "s" * 200_000}, "cache_salt"),
+    "chat response_format bomb": (
+        ChatCompletionIn,
+        {
+            "messages": CHAT,
+            "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * MAX_GRAMMAR_CHARS]}}},
+        },
+        "json_schema",
+    ),
+}
+
+
+@pytest.mark.parametrize("body, field", NATIVE.values(), ids=NATIVE.keys())
+def test_native_bounds_name_the_field(body: dict, field: str) -> None:
+    assert field in refusal(GenerateIn, body)
+
+
+@pytest.mark.parametrize("model, body, field", OPENAI.values(), ids=OPENAI.keys())
+def test_openai_bounds_name_the_field(model: type, body: dict, field: str) -> None:
+    assert field in refusal(model, body)
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    body = GenerateIn.model_validate(
+        {
+            "text": ["hi"] * (MAX_GENERATIONS // 4),
+            "sampling_params": {
+                "n": 4,
+                "stop": ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS,
+                "stop_regex": ["x" * MAX_STOP_CHARS] * MAX_STOP_REGEXES,
+                "regex": "a" * MAX_GRAMMAR_CHARS,
+                "seed": BIG - 1,
+                "top_k": 2**31 - 1,
+            },
+            "deadline_s": 3600,
+            "rid": [f"{i:0{MAX_KEY_CHARS}}" for i in range(MAX_GENERATIONS // 4)],
+            "cache_salt": "s" * MAX_KEY_CHARS,
+        }
+    )
+    assert len(body.expand()) == MAX_GENERATIONS
+    assert CompletionIn.model_validate({"prompt": "hi", "seed": -(2**63)}).sampling().seed == -(2**63)
+
+
+def test_union_member_names_stay_out_of_the_message() -> None:
+    message = refusal(GenerateIn, {"input_ids": [1, BIG]})
+    assert "constrained-int" not in message and "input_ids.1: Input should be less than or equal to" in message
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        (b'{"text": "hi \\ud800"}', "text"),
+        (b'{"text": ["ok", "\\udfff there"]}', "text.1"),
+        (b'{"text": "hi", "sampling_params": {"stop": ["\\ud83d"]}}', "sampling_params.stop.0"),
+        (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages.0.content"),
+        (b'{"\\ud800": 1}', "\\ud800"),  # a key: named escaped, so the message is valid UTF-8
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(body: bytes, where: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_json(body)
+    assert info.value.status == 400
+    assert info.value.message.startswith(where + ":")
+    info.value.message.encode("utf-8")
+    assert "unicode" in info.value.message
+
+
+def test_paired_surrogates_and_deep_nesting() -> None:
+    assert parse_json(b'{"text": "\\ud83d\\ude00"}') == {"text": "\U0001f600"}
+    with pytest.raises(ApiError) as info:
+        parse_json(b"[" * 100_000 + b"]" * 100_000)
+    assert info.value.status == 400 and "nested" in info.value.message
+    assert json.loads(b'{"a": Infinity}')  # JSON's extension the parser allows; the schemas refuse it

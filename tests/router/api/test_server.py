@@ -1,0 +1,68 @@
+"""The api app's gates, in process (no router behind it): a drain refuses new requests and
+readiness with 503, a missing key is a 401, and an unexpected exception is a 500 whose body says
+nothing of it; refusals are counted by reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from radixcluster.router.api.context import ApiConfig
+from radixcluster.router.api.server import create_app
+
+
+@pytest.fixture()
+def app(tmp_path: Path):
+    config = ApiConfig(
+        host="127.0.0.1",
+        port=0,
+        request_address=f"ipc://{tmp_path}/in",
+        output_address=f"ipc://{tmp_path}/out",
+        api_key="k",
+        served_model_name="m",
+    )
+    app = create_app(config)
+
+    @app.get("/broken")
+    async def broken() -> None:
+        raise RuntimeError("secret internal detail")
+
+    return app
+
+
+def rejections(app, reason: str) -> float:
+    return app.state.ctx.metrics.rejected_requests.labels(reason=reason)._value.get()
+
+
+def test_an_unexpected_exception_is_a_500_that_keeps_its_details_to_the_log(app, caplog):
+    with TestClient(app, raise_server_exceptions=False) as client:
+        resp = client.get("/broken", headers={"Authorization": "Bearer k"})
+    assert resp.status_code == 500
+    assert "secret" not in resp.text and "RuntimeError" not in resp.text
+    assert "logged on the server" in resp.json()["error"]["message"]
+    assert any("secret internal detail" in r.getMessage() or r.exc_info for r in caplog.records)
+
+
+def test_a_missing_key_is_a_401_counted_as_a_refusal(app):
+    with TestClient(app) as client:
+        assert client.get("/v1/models").status_code == 401
+        assert client.get("/v1/models", headers={"Authorization": "Bearer k"}).status_code == 200
+    assert rejections(app, "unauthorized") == 1
+
+
+def test_a_drain_refuses_readiness_and_new_requests_but_not_metrics(app):
+    with TestClient(app) as client:
+        app.state.ctx.draining = True
+        for method, path in (("GET", "/health"), ("GET", "/health_generate"), ("POST", "/generate")):
+            resp = client.request(method, path, json={"text": "hi"}, headers={"Authorization": "Bearer k"})
+            assert resp.status_code == 503 and "shutting down" in resp.json()["error"]["message"]
+    assert rejections(app, "unavailable") == 3
+
+
+def test_a_full_queue_answer_carries_retry_after(app):
+    from radixcluster.router.api.errors import error_response
+
+    resp = error_response(429, "busy")
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "1"

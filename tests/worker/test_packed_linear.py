@@ -1,0 +1,76 @@
+"""Prepacked linear weights: the packed path computes F.linear's result at every row count it
+serves, refuses cleanly where oneDNN cannot run the dtype, and covers every linear layer and the
+LM head of SmolLM2, tied to the embedding or not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixcluster.model_config import load_model_config
+from radixcluster.replica_plan import packed_weight_bytes
+from radixcluster.worker.llama import LlamaForCausalLM
+from radixcluster.worker.packed_linear import (
+    PACK_MIN_PARAMS,
+    PACKED_MAX_ROWS,
+    PACKED_MIN_ROWS,
+    linear,
+    pack_weight,
+    prepack_linears,
+)
+from radixcluster.worker.parallel import TPGroup
+from radixcluster.worker.tp_layers import RowParallelLinear
+
+ROWS = sorted({1, PACKED_MIN_ROWS, 7, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 300})
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_float32_linear_equals_f_linear(rows, with_bias):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=generator)
+    bias = torch.randn(96, generator=generator) if with_bias else None
+    x = torch.randn(rows, 80, generator=generator)
+    packed = pack_weight(weight)
+    assert packed is not None  # oneDNN runs float32 on every x86-64 CPU torch supports
+    torch.testing.assert_close(linear(x, weight, packed, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_packs_only_where_onednn_runs_it():
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    packed = pack_weight(weight)
+    assert (packed is not None) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    x = torch.randn(8, 32).to(torch.bfloat16)
+    torch.testing.assert_close(linear(x, weight, packed), F.linear(x, weight))
+
+
+def test_an_unpacked_layer_is_f_linear_at_every_row_count():
+    weight, x = torch.randn(16, 8), torch.randn(PACKED_MIN_ROWS, 8)
+    assert torch.equal(linear(x, weight, None), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
+    config = replace(load_model_config(model_path), tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config, TPGroup())
+    packed_bytes = prepack_linears(model)
+    packed = {name for name, module in model.named_modules() if getattr(module, "packed", None) is not None}
+    layer = "model.layers.0."
+    # SmolLM2: qkv 960 x 576, gate_up 3072 x 576, down 576 x 1536 and the LM head are large enough;
+    # o_proj (576 x 576) stays on F.linear
+    expected = {layer + "self_attn.qkv_proj", layer + "mlp.gate_up_proj", layer + "mlp.down_proj"}
+    assert {name for name in packed if name.startswith(layer)} == expected
+    assert len(packed) == 3 * config.num_layers + 1 and "lm_head" in packed
+    o_proj = model.model.layers[0].self_attn.o_proj.weight
+    assert packed_bytes == packed_weight_bytes(config, 4) - config.num_layers * o_proj.numel() * 4
+    # a tied LM head still shares the embedding's plain weight: only the packed copy is extra
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+
+
+def test_small_weights_stay_unpacked():
+    small = nn.Sequential(RowParallelLinear(PACK_MIN_PARAMS // 64 - 1, 64, TPGroup()))
+    assert prepack_linears(small) == 0 and small[0].packed is None

@@ -1,0 +1,67 @@
+"""Linear layers' weights prepacked once into oneDNN's blocked layout, for the small batches of
+decode, where MKL's ``F.linear`` spends much of each call repacking the weight.
+
+Measured with ``benchmarks/bench_linear.py`` (docs/BENCHMARKS.md, "Linear layers"); oneDNN's
+float32 results are not bitwise MKL's (the greedy outputs of the reference prompts still equal
+transformers'); ``--disable-weight-prepack`` turns prepacking off.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows, F.linear the
+# others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU time (benchmarks/bench_linear.py,
+# docs/BENCHMARKS.md "Linear layers"), a step's linear work ran 0.87x packed at 1 row (MKL's
+# gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and 0.93-0.95x from 256 to 2048; on the
+# AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32, 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
+PACKED_MIN_ROWS = 2
+PACKED_MAX_ROWS = 128
+# The batch size oneDNN chooses the blocked layout for (its "probe" M).
+PACK_FOR_ROWS = 32
+# Smaller weights stay unpacked: a packed call costs ~25 us more than F.linear's ~4 us before
+# any arithmetic (1 thread, CPU time), which the packing repays only on large weights. At 8 and
+# 32 rows packed / F.linear was 0.24-0.34x at 64 x 128, 0.5-0.7x at 256 x 256, 0.9x at
+# 512 x 256, 0.9-1.1x at 576 x 576 (SmolLM2's o_proj), 1.3-1.5x at 3072 x 576 (gate_up_proj).
+PACK_MIN_PARAMS = 1 << 19
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` (``[out, in]``) in oneDNN's blocked layout, or None where oneDNN cannot run
+    this dtype on this CPU (bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_FOR_ROWS)
+    except RuntimeError as exc:
+        logger.info("oneDNN does not prepack %s weights here (%s): F.linear serves them", weight.dtype, exc)
+        return None
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ weight.T + bias``: through ``packed`` when there is one and ``x`` (``[M, in]``)
+    has PACKED_MIN_ROWS to PACKED_MAX_ROWS rows, else ``F.linear``."""
+    if packed is not None and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Give every layer with a ``packed`` slot and at least PACK_MIN_PARAMS weights its packed
+    weight (tp_layers.py); returns the bytes they take (0 where oneDNN cannot run the model's
+    dtype here)."""
+    total = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "packed") and isinstance(weight, torch.Tensor) and weight.numel() >= PACK_MIN_PARAMS:
+            packed = pack_weight(weight)
+            setattr(module, "packed", packed)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
+            if packed is not None:
+                total += weight.numel() * weight.element_size()
+    return total
