@@ -88,16 +88,18 @@ class DataParallelLauncher:
             raise _Stop
 
     def _start(self) -> list[str]:
+        from radixcluster import ray_cluster
+
+        args = self.args
+        private = args.ray_address is None
+        # before ray is imported: a private instance's settings are read at import
+        ray_cluster.start_ray(args.ray_address, self.runtime_dir, machine_cpus(1).usable, args.node_ip_address)
         import ray
 
-        from radixcluster import ray_cluster
         from radixcluster.gateway.config import GatewayConfig
         from radixcluster.gateway.server import run_gateway
         from radixcluster.replica_actor import ReplicaProcess
 
-        args = self.args
-        private = args.ray_address is None
-        ray_cluster.start_ray(args.ray_address, self.runtime_dir, machine_cpus(1).usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         ips = replica_nodes(ray.nodes(), args.dp_size, args.tp_size, use_gpu, ray.util.get_node_ip_address())

@@ -25,7 +25,7 @@ def reader(tokenizer) -> PromptReader:
 
 def router_ids(tokenizer, **fields) -> list[int]:
     """The ids the router serves for a fresh prompt (no earlier answer in its memo)."""
-    intake = RequestIntake(tokenizer, tokenizer.vocab_size, 8192)
+    intake = RequestIntake(tokenizer, tokenizer.vocab_size, 8192, pool_tokens=8192)
     return intake.prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields))[1].tolist()
 
 
