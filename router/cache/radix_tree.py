@@ -98,6 +98,11 @@ class RadixTree:
         return self.evictable_tokens + self.protected_tokens
 
     @property
+    def clock(self) -> int:
+        """The logical time of the last match or insert (what ``last_access`` counts in)."""
+        return self._clock
+
+    @property
     def evictable_pages(self) -> int:
         return self.evictable_tokens // self.page_size
 
