@@ -132,7 +132,8 @@ class RequestOutput:
 @dataclass(slots=True)
 class ControlRequest:
     """Api -> router: a request that is not a generation (``flush_cache``, ``cache_info``,
-    ``server_info``, ``stats``, ``tokenize``, ``detokenize``)."""
+    ``server_info``, ``stats``, ``tokenize``, ``detokenize``, ``cache_blocks``; the cache page's
+    ``cache_tree`` and the cache-control calls ``cache_pin``, ``cache_unpin``, ``cache_evict``)."""
 
     cid: str
     kind: str

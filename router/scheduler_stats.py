@@ -24,6 +24,10 @@ CACHE_INFO_KEYS = (
     "cached_tokens",
     "evictable_tokens",
     "protected_tokens",
+    "pinned_tokens",
+    "free_pages",
+    "num_pages",
+    "token_usage",
     "page_size",
 )
 
@@ -65,6 +69,7 @@ class SchedulerStats:
             "cached_tokens": tree.cached_tokens,
             "evictable_tokens": tree.evictable_tokens,
             "protected_tokens": tree.protected_tokens,
+            "pinned_tokens": cache.pins.pinned_tokens(),
             "free_pages": alloc.num_free,
             "num_pages": alloc.num_pages,
             "page_size": cache.page_size,
@@ -95,5 +100,5 @@ def check_pool_integrity(cache: CacheManager, admitted: list[Request], idle: boo
         check(r.pages[: r.tree_len // ps] == path, f"{r.rid}: table does not start with its locked path")
         check(r.cached_tokens <= r.prompt_len, f"{r.rid}: cached tokens exceed the prompt")
     if idle:
-        check(cache.tree.protected_tokens == 0, "locks held while idle")
+        check(cache.tree.protected_tokens == cache.pins.pinned_tokens(), "locks other than pins held while idle")
         check(alloc.num_free + cache.tree.cached_tokens // ps == alloc.num_pages, "free + cached != pool when idle")

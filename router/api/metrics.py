@@ -52,6 +52,7 @@ _GAUGES = (
     ("radixcluster_free_pages", "free_pages", "Free KV pages."),
     ("radixcluster_total_pages", "num_pages", "KV pages in the pool."),
     ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
+    ("radixcluster_pinned_tokens", "pinned_tokens", "Tokens of the radix tree that pins keep from eviction."),
 )
 
 # CPU serving is slow: the buckets reach into tens of seconds.

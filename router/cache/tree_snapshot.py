@@ -1,11 +1,15 @@
 """A bounded JSON picture of the RadixTree for the cache page: nodes down to a depth, small
-subtrees folded, at most a fixed number of nodes, prefixes named by hash and token count only."""
+subtrees folded, at most a fixed number of nodes, prefixes named by hash and token count (and
+by their first tokens' text only when the caller passes a ``label``)."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from radixcluster.router.cache.radix_tree import RadixTree, TreeNode
 
@@ -43,13 +47,20 @@ def subtree_tokens(root: TreeNode) -> dict[int, int]:
     return sizes
 
 
-def tree_snapshot(tree: RadixTree, bounds: SnapshotBounds) -> dict[str, Any]:
+def tree_snapshot(
+    tree: RadixTree,
+    bounds: SnapshotBounds,
+    label: Callable[[np.ndarray], str] | None = None,
+    pinned: Collection[int] = (),
+) -> dict[str, Any]:
     """The tree as nested nodes, breadth first so the cap keeps the top of the tree.
 
     Each node: ``id`` (a hash of its salt and tokens from the root), ``tokens`` (its own run),
     ``subtree_tokens``, ``hits``, ``age`` (ticks of the tree's clock since its last access),
-    ``locked``, ``salt`` (a hash, never the salt), ``folded_tokens`` (what was left out below
-    it), ``children``. ``truncated`` says whether the node cap cut the walk short."""
+    ``locked``, ``pinned`` (its ``id(node)`` is in ``pinned``), ``salt`` (a hash, never the
+    salt), ``folded_tokens`` (what was left out below it), ``children``, and ``text`` (``label``
+    of its token run) when a label is given. ``truncated`` says whether the node cap cut the
+    walk short."""
     sizes = subtree_tokens(tree.root)
     clock = tree.clock
     top: dict[str, Any] = {"id": "root", "tokens": 0, "subtree_tokens": sizes[id(tree.root)], "children": []}
@@ -74,10 +85,13 @@ def tree_snapshot(tree: RadixTree, bounds: SnapshotBounds) -> dict[str, Any]:
                 "hits": child.hit_count,
                 "age": clock - child.last_access,
                 "locked": child.lock_ref > 0,
+                "pinned": id(child) in pinned,
                 "salt": hashlib.blake2b(child.salt.encode(), digest_size=4).hexdigest() if child.salt else "",
                 "folded_tokens": 0,
                 "children": [],
             }
+            if label is not None:
+                entry["text"] = label(child.key)
             out["children"].append(entry)
             queue.append((child, entry, level + 1, child_digest))
     return {"root": top, "nodes": count, "truncated": truncated}

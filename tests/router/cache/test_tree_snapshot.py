@@ -65,3 +65,14 @@ def test_salts_are_hashed_and_ids_differ_across_salts():
 def test_bounds_are_checked(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SnapshotBounds(**bad)
+
+
+def test_text_and_pins_appear_only_when_asked():
+    tree = _tree([[1, 2, 3], [1, 2, 3, 4, 5]])
+    plain = tree_snapshot(tree, SnapshotBounds())["root"]["children"][0]
+    assert "text" not in plain and not plain["pinned"]
+    node = tree.match_prefix(np.asarray([1, 2, 3])).node
+    labelled = tree_snapshot(tree, SnapshotBounds(), label=lambda key: ",".join(map(str, key)), pinned={id(node)})
+    (shared,) = labelled["root"]["children"]
+    assert (shared["text"], shared["pinned"]) == ("1,2,3", True)
+    assert (shared["children"][0]["text"], shared["children"][0]["pinned"]) == ("4,5", False)
