@@ -151,6 +151,7 @@ class Launcher:
                 request_address=plan.address("router_in"),
                 output_address=plan.address("router_out"),
                 api_key=args.api_key,
+                admin_api_key=args.admin_api_key,
                 served_model_name=plan.served_model_name,
                 shutdown_timeout_s=args.shutdown_timeout,
             ),
@@ -212,6 +213,8 @@ class Launcher:
             dtype=plan.dtype,
             max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
+            cache_page_text=args.cache_page_text,
+            max_pinned_fraction=args.max_pinned_fraction,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # the API key from the environment: a command line is visible to every user of the host
 API_KEY_ENV = "RADIXCLUSTER_API_KEY"
+ADMIN_API_KEY_ENV = "RADIXCLUSTER_ADMIN_API_KEY"
 # Flags users bring from SGLang that name what is already the default here.
 DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
@@ -52,6 +53,9 @@ class ServerArgs:
     attention_backend: str = "auto"
     disable_weight_prepack: bool = False
     api_key: str | None = None
+    admin_api_key: str | None = None
+    cache_page_text: bool = False
+    max_pinned_fraction: float = 0.5
     ray_address: str | None = None
     node_ip_address: str | None = None
     kv_events_address: str | None = None
@@ -86,6 +90,12 @@ class ServerArgs:
             raise ValueError("--kv-events-address is for one replica; with --dp-size each replica gets its own")
         if self.node_ip_address is not None and self.ray_address is None:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
+        if not 0 <= self.max_pinned_fraction <= 1:
+            raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if self.admin_api_key is not None and self.dp_size > 1:
+            raise ValueError(
+                "--admin-api-key guards one replica's cache-control calls, which the gateway of --dp-size does not serve"
+            )
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
 
@@ -163,6 +173,22 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help=f"require 'Authorization: Bearer KEY' (all but /health); ${API_KEY_ENV} sets it without showing it in ps",
     )
     parser.add_argument(
+        "--admin-api-key",
+        default=d.admin_api_key,
+        help=f"require 'Authorization: Bearer KEY' on the cache-control calls (/cache/warm, /cache/pin, /cache/evict); ${ADMIN_API_KEY_ENV} sets it without showing it in ps",
+    )
+    parser.add_argument(
+        "--cache-page-text",
+        action="store_true",
+        help="the cache page shows the first tokens of each cached prefix as text (default: hashes and token counts only)",
+    )
+    parser.add_argument(
+        "--max-pinned-fraction",
+        type=float,
+        default=d.max_pinned_fraction,
+        help="the most of the KV pool that pinned prefixes (POST /cache/pin) may hold",
+    )
+    parser.add_argument(
         "--ray-address", default=d.ray_address, help="join this Ray cluster instead of starting a local one"
     )
     parser.add_argument(
@@ -210,6 +236,7 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     values = {k: v for k, v in vars(ns).items() if k in names}
     values["api_key"] = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    values["admin_api_key"] = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     return ServerArgs(**values)
 
 

@@ -97,3 +97,16 @@ def test_admission_and_shutdown_flags():
     for argv in (("--max-queued-requests", "0"), ("--shutdown-timeout", "-1")):
         with pytest.raises(ValueError, match=argv[0]):
             parse(*argv)
+
+
+def test_cache_page_and_control_flags(monkeypatch):
+    defaults = parse()
+    assert (defaults.cache_page_text, defaults.max_pinned_fraction, defaults.admin_api_key) == (False, 0.5, None)
+    args = parse("--cache-page-text", "--max-pinned-fraction", "0.25", "--admin-api-key", "boss")
+    assert (args.cache_page_text, args.max_pinned_fraction, args.admin_api_key) == (True, 0.25, "boss")
+    monkeypatch.setenv("RADIXCLUSTER_ADMIN_API_KEY", "from-env")
+    assert parse().admin_api_key == "from-env"
+    with pytest.raises(ValueError, match="--max-pinned-fraction"):
+        parse("--max-pinned-fraction", "1.5")
+    with pytest.raises(ValueError, match="--dp-size"):
+        parse("--dp-size", "2")
