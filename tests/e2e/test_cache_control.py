@@ -1,0 +1,132 @@
+"""The cache page and cache control against a real `radixcluster up` with a small KV pool: a pin
+outlives a flood that evicts everything else, and ends at its TTL; evict-by-prefix frees exactly
+its runs; the admin key guards the control calls; the page and the tree snapshot are served."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from support.api_helpers import TIMEOUT_S, assert_error, generate, get, post, wait_idle
+from support.servers import ServerHandle, launch_server
+
+pytestmark = pytest.mark.slow
+
+POOL = 600  # tokens; pins may hold half
+ADMIN = {"Authorization": "Bearer boss"}
+PINNED = "You are a careful assistant who answers questions about geography." * 4
+HEADER = "You are a terse assistant. Answer briefly and precisely." * 3
+# eight prompts of ~100 tokens that share no first token: 800 tokens through a pool of 600
+FLOOD = [f"{word} " + "apples and oranges are fruit, and carrots are not. " * 8 for word in "ABCDEFGH"]
+POLL_LIMIT_S = 120
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    with launch_server(
+        "--max-total-tokens", str(POOL), "--admin-api-key", "boss", "--cache-page-text", api_key="k"
+    ) as handle:
+        yield handle
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(server: ServerHandle) -> None:
+    wait_idle(server)
+    assert post(server, "/flush_cache", {}).status_code == 200
+
+
+def admin(server: ServerHandle, method: str, path: str, body: dict[str, Any]) -> requests.Response:
+    return requests.request(method, server.url + path, json=body, headers=ADMIN, timeout=TIMEOUT_S)
+
+
+def cache_info(server: ServerHandle) -> dict[str, Any]:
+    resp = get(server, "/cache_info")
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def cached(server: ServerHandle, text: str) -> int:
+    """The cached_tokens of a one-token generation of ``text``."""
+    return generate(server, text, max_new_tokens=1)["meta_info"]["cached_tokens"]
+
+
+def flood(server: ServerHandle) -> None:
+    for text in FLOOD:
+        generate(server, text, max_new_tokens=1)
+
+
+def test_a_pinned_prefix_survives_a_flood_that_evicts_everything_else(server):
+    pin = admin(server, "POST", "/cache/pin", {"text": PINNED, "ttl_s": 600})
+    assert pin.status_code == 200, pin.text
+    pinned = pin.json()
+    assert pinned["tokens"] == pinned["prompt_tokens"] == pinned["pinned_tokens"] > 30
+    assert pinned["prefilled_tokens"] == pinned["prompt_tokens"]
+    evicted_before = cache_info(server)["evicted_tokens_total"]
+    flood(server)
+    info = cache_info(server)
+    assert info["evicted_tokens_total"] > evicted_before
+    assert info["pinned_tokens"] == pinned["tokens"] and [p["id"] for p in info["pins"]] == [pinned["id"]]
+    assert cached(server, FLOOD[0]) == 0  # the oldest of the flood is gone
+    assert cached(server, PINNED) == pinned["prompt_tokens"] - 1  # all but the token computed for logits
+    unpin = admin(server, "DELETE", "/cache/pin", {"text": PINNED})
+    assert unpin.status_code == 200 and unpin.json() == {"unpinned": True, "tokens": pinned["tokens"]}
+    assert_error(admin(server, "DELETE", "/cache/pin", {"text": PINNED}), 404, "no pin")
+    assert cache_info(server)["pinned_tokens"] == 0
+
+
+def test_a_pin_ends_at_its_ttl_and_its_prefix_can_then_be_evicted(server):
+    pin = admin(server, "POST", "/cache/pin", {"text": PINNED, "ttl_s": 2})
+    assert pin.status_code == 200, pin.text
+    deadline = time.monotonic() + POLL_LIMIT_S
+    while cache_info(server)["pins"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    info = cache_info(server)
+    assert info["pins"] == [] and info["pinned_tokens"] == 0 and info["protected_tokens"] == 0
+    flood(server)
+    assert cached(server, PINNED) == 0
+
+
+def test_evict_by_prefix_frees_exactly_the_runs_that_start_with_it(server):
+    first, second, other = HEADER + " What is 2+2?", HEADER + " What is 3+3?", FLOOD[0]
+    a = generate(server, first, max_new_tokens=1)["meta_info"]
+    shared = generate(server, second, max_new_tokens=1)["meta_info"]["cached_tokens"]
+    generate(server, other, max_new_tokens=1)
+    assert shared > 20
+    before = cache_info(server)
+    resp = admin(server, "POST", "/cache/evict", {"text": first})
+    assert resp.status_code == 200, resp.text
+    freed = resp.json()["evicted_tokens"]
+    assert freed == a["prompt_tokens"] - shared  # its own run; the shared header stays
+    after = cache_info(server)
+    assert after["cached_tokens"] == before["cached_tokens"] - freed
+    assert after["evicted_tokens_total"] == before["evicted_tokens_total"] + freed
+    assert after["free_pages"] == before["free_pages"] + freed
+    assert cached(server, second) == generate(server, second, max_new_tokens=1)["meta_info"]["prompt_tokens"] - 1
+    assert cached(server, first) == shared
+    assert admin(server, "POST", "/cache/evict", {"text": "never sent"}).json()["evicted_tokens"] == 0
+
+
+def test_the_admin_key_guards_control_and_the_pin_bound_is_a_400(server):
+    body = {"text": PINNED, "ttl_s": 60}
+    assert_error(post(server, "/cache/pin", body), 401, "admin key")
+    assert_error(requests.post(server.url + "/cache/evict", json=body, timeout=TIMEOUT_S), 401, "API key")
+    warm = admin(server, "POST", "/cache/warm", {"text": PINNED})
+    assert warm.status_code == 200 and warm.json()["prefilled_tokens"] == warm.json()["prompt_tokens"]
+    assert admin(server, "POST", "/cache/warm", {"text": PINNED}).json()["prefilled_tokens"] == 1
+    long_text = "Rivers of Europe and the cities along them, listed from north to south. " * 24
+    assert_error(admin(server, "POST", "/cache/pin", {"text": long_text, "ttl_s": 60}), 400, "--max-pinned-fraction")
+    assert cache_info(server)["pinned_tokens"] == 0
+
+
+def test_the_page_and_the_tree_snapshot(server):
+    assert requests.get(server.url + "/cache", timeout=TIMEOUT_S).status_code == 200  # public: no data in it
+    generate(server, HEADER + " What is 2+2?", max_new_tokens=1)
+    generate(server, HEADER + " What is 3+3?", max_new_tokens=1)
+    snap = get(server, "/cache/tree?depth=3").json()
+    (shared,) = snap["root"]["children"]
+    assert shared["text"].startswith("You are") and shared["hits"] >= 1 and len(shared["children"]) == 2
+    assert_error(get(server, "/cache/tree?depth=100"), 400, "depth")
