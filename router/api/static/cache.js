@@ -91,7 +91,7 @@ function drawTree(snapshot) {
   const place = (node, x, level) => {
     depth = Math.max(depth, level);
     block(frag, node, x, node.subtree_tokens, level, total, scale);
-    let cx = x + node.tokens;
+    let cx = x; // children sit under their parent's start; the rest of its width is its own run
     for (const child of node.children) {
       place(child, cx, level + 1);
       cx += child.subtree_tokens;
