@@ -87,6 +87,9 @@ class GenerateRequest:
     # logprob entries carry each token's text (RequestOutput.token_texts)
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
+    # the tenant whose API key sent it (--api-key-file): the router keys its cache by it, whatever
+    # the client's cache_salt, and counts its tokens per tenant
+    tenant: str | None = None
 
 
 @message

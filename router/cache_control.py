@@ -13,7 +13,7 @@ import numpy as np
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.tree_snapshot import SnapshotBounds, tree_snapshot
-from radixcluster.router.request_intake import RequestIntake
+from radixcluster.router.request_intake import RequestIntake, tenant_salt
 
 # with --cache-page-text, each node of the snapshot shows the text of its first tokens
 LABEL_TOKENS = 8
@@ -47,25 +47,32 @@ class CacheControl:
         tokenizer = self.intake.tokenizer
         label = (lambda key: tokenizer.decode(key[:LABEL_TOKENS].tolist())) if self.with_text else None
         tree = self.cache.tree
-        snapshot = tree_snapshot(tree, bounds, label, self.cache.pins.pinned_node_ids())
+        # a tenant sees its own runs only
+        own = tenant_salt(args["tenant"], "") if args.get("tenant") is not None else None
+        snapshot = tree_snapshot(tree, bounds, label, self.cache.pins.pinned_node_ids(), own)
         return {**snapshot, "clock": tree.clock, "page_size": tree.page_size, "text": self.with_text}
 
     def pin(self, args: dict[str, Any]) -> dict[str, Any]:
         tokens = self._prefix(args)
-        pin = self.cache.pin(tokens, args.get("cache_salt"), float(args["ttl_s"]), time.monotonic())
+        pin = self.cache.pin(tokens, _salt(args), float(args["ttl_s"]), time.monotonic())
         return {**pin.describe(time.monotonic()), "pinned_tokens": self.cache.pins.pinned_tokens()}
 
     def unpin(self, args: dict[str, Any]) -> dict[str, Any]:
         """``unpinned``: whether a pin of exactly this prefix (and salt) was there."""
-        pin = self.cache.unpin(self._prefix(args), args.get("cache_salt"))
+        pin = self.cache.unpin(self._prefix(args), _salt(args))
         return {"unpinned": pin is not None, "tokens": pin.tokens if pin is not None else 0}
 
     def evict(self, args: dict[str, Any]) -> dict[str, Any]:
         tokens = self._prefix(args)
-        freed = self.cache.evict_prefix(tokens, args.get("cache_salt"))
+        freed = self.cache.evict_prefix(tokens, _salt(args))
         return {"prompt_tokens": len(tokens), "evicted_tokens": freed}
 
     def _prefix(self, args: dict[str, Any]) -> np.ndarray:
         """The token ids of ``args["text"]`` (as /generate encodes a text) or ``args["input_ids"]``."""
         msg = GenerateRequest(rid="", sampling=SamplingParams(), text=args.get("text"), input_ids=args.get("input_ids"))
         return self.intake.prompt(msg)[1]
+
+
+def _salt(args: dict[str, Any]) -> str | None:
+    """The prefix's namespace: its ``cache_salt`` within the caller's ``tenant``, as for /generate."""
+    return tenant_salt(args.get("tenant"), args.get("cache_salt"))

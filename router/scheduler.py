@@ -193,7 +193,7 @@ class Scheduler:
         if first_admission:
             req.admitted_once = True
             req.cached_tokens = prefix_len
-            self.counters.count_admission(req.prompt_len, prefix_len)
+            self.counters.count_admission(req.prompt_len, prefix_len, req.tenant)
 
     def _build(self, entries: list[PrefillEntry]) -> ScheduledBatch:
         self._step_id += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ CACHE_INFO_KEYS = (
     "num_pages",
     "token_usage",
     "page_size",
+    "tenants",
 )
 
 
@@ -41,12 +42,19 @@ class SchedulerStats:
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     retractions_total: int = 0
+    # by tenant (--api-key-file): [requests, prompt tokens, cached tokens]
+    tenants: dict[str, list[int]] = field(default_factory=dict)
 
-    def count_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def count_admission(self, prompt_tokens: int, cached_tokens: int, tenant: str | None = None) -> None:
         self.total_requests += 1
         self.cache_hits += cached_tokens > 0
         self.prompt_tokens_total += prompt_tokens
         self.cached_tokens_total += cached_tokens
+        if tenant is not None:
+            counts = self.tenants.setdefault(tenant, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += prompt_tokens
+            counts[2] += cached_tokens
 
     def snapshot(
         self, cache: CacheManager, running: int, waiting: int, prefilling_tokens: int, waiting_tokens: int
@@ -78,6 +86,10 @@ class SchedulerStats:
             "waiting_requests": waiting,
             "prefilling_tokens": prefilling_tokens,
             "waiting_tokens": waiting_tokens,
+            "tenants": {
+                name: {"requests": n, "prompt_tokens_total": prompt, "cached_tokens_total": cached}
+                for name, (n, prompt, cached) in self.tenants.items()
+            },
         }
 
 

@@ -1,9 +1,12 @@
-"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway)."""
+"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway), and the
+tenant a key names (--api-key-file)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -15,31 +18,47 @@ from radixcluster.router.api.errors import ApiError, error_response
 PUBLIC_PATHS = frozenset({"/health", "/cache", "/cache/page.js", "/cache/page.css"})
 
 
+# The tenant of the request being served, set by BearerAuth for the task that serves it (and the
+# tasks it starts): the one place every generation passes (run_generation) reads it, so no route
+# can forget to send it.
+current_tenant: ContextVar[str | None] = ContextVar("current_tenant", default=None)
+
+
 def _bearer(key: str) -> bytes:
     return f"Bearer {key}".encode()
 
 
+def _digest(header: bytes) -> bytes:
+    # keys are looked up by a hash of the header: the lookup's time says nothing about any key
+    return hashlib.sha256(header).digest()
+
+
 class BearerAuth:
-    """Refuse every request without ``Authorization: Bearer <key>``, except public paths;
-    the admin key, when there is one, is accepted too. ``on_reject`` is told each refusal's
-    status (a metric)."""
+    """Refuse every request without ``Authorization: Bearer <key>``, except public paths; the
+    keys are the API key, the admin key and the tenants' keys (``tenant_keys``: key -> tenant),
+    whichever are set. A tenant's key makes its tenant ``current_tenant``. ``on_reject`` is
+    told each refusal's status (a metric)."""
 
     def __init__(
         self,
         app: ASGIApp,
-        api_key: str,
+        api_key: str | None,
         on_reject: Callable[[int], None] | None = None,
         admin_key: str | None = None,
+        tenant_keys: dict[str, str] | None = None,
     ) -> None:
         self._app = app
-        self._accepted = [_bearer(k) for k in (api_key, admin_key) if k]
+        self._tenants: dict[bytes, str | None] = {_digest(_bearer(k)): None for k in (api_key, admin_key) if k}
+        self._tenants.update({_digest(_bearer(k)): t for k, t in (tenant_keys or {}).items()})
         self._on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
-            # every key is compared, so the time taken says nothing about which one was close
-            if not sum(hmac.compare_digest(given, key) for key in self._accepted):
+            found = _digest(given)
+            if found in self._tenants:
+                current_tenant.set(self._tenants[found])
+            else:
                 message = "missing API key" if not given else "invalid API key"
                 if self._on_reject is not None:
                     self._on_reject(401)

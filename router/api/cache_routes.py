@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from radixcluster.protocol import GenerateRequest, SamplingParams
-from radixcluster.router.api.auth import admin_check
+from radixcluster.router.api.auth import admin_check, current_tenant
 from radixcluster.router.api.cache_schemas import MAX_TREE_DEPTH, CachePrefixIn, PinIn, UnpinIn
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, read_json
@@ -34,7 +34,7 @@ async def _cache_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[
     """A cache control call; what the router refuses (a pin over the bound, bad bounds) is the
     client's 400."""
     try:
-        return await ctx.client.control(kind, args)
+        return await ctx.client.control(kind, {**args, "tenant": current_tenant.get()})
     except RouterError as exc:
         raise ApiError(400, str(exc)) from None
 

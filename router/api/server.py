@@ -75,9 +75,13 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(openai_routes(ctx))
     app.include_router(cluster_routes(ctx))
     app.include_router(cache_routes(ctx))
-    if config.api_key:
+    if config.api_key or config.tenant_keys:
         app.add_middleware(
-            BearerAuth, api_key=config.api_key, on_reject=ctx.metrics.count_rejection, admin_key=config.admin_api_key
+            BearerAuth,
+            api_key=config.api_key,
+            on_reject=ctx.metrics.count_rejection,
+            admin_key=config.admin_api_key,
+            tenant_keys=config.tenant_keys,
         )
     app.add_middleware(DrainGate, ctx=ctx)  # added last: runs first
     return app

@@ -52,6 +52,7 @@ def tree_snapshot(
     bounds: SnapshotBounds,
     label: Callable[[np.ndarray], str] | None = None,
     pinned: Collection[int] = (),
+    salt_prefix: str | None = None,
 ) -> dict[str, Any]:
     """The tree as nested nodes, breadth first so the cap keeps the top of the tree.
 
@@ -60,7 +61,8 @@ def tree_snapshot(
     ``locked``, ``pinned`` (its ``id(node)`` is in ``pinned``), ``salt`` (a hash, never the
     salt), ``folded_tokens`` (what was left out below it), ``children``, and ``text`` (``label``
     of its token run) when a label is given. ``truncated`` says whether the node cap cut the
-    walk short."""
+    walk short. With ``salt_prefix`` only the runs whose salt starts with it are shown (one
+    tenant's), and the root counts only theirs."""
     sizes = subtree_tokens(tree.root)
     clock = tree.clock
     top: dict[str, Any] = {"id": "root", "tokens": 0, "subtree_tokens": sizes[id(tree.root)], "children": []}
@@ -70,6 +72,9 @@ def tree_snapshot(
     while queue:
         node, out, level, digest = queue.pop(0)
         kids = sorted(node.children.values(), key=lambda c: -sizes[id(c)])
+        if level == 0 and salt_prefix is not None:
+            kids = [c for c in kids if c.salt.startswith(salt_prefix)]
+            top["subtree_tokens"] = sum(sizes[id(c)] for c in kids)
         for child in kids:
             size = sizes[id(child)]
             if level + 1 > bounds.depth or size < bounds.min_tokens or count >= bounds.max_nodes:

@@ -7,7 +7,13 @@ import logging
 
 import pytest
 
-from radixcluster.server_args import ServerArgs, add_cli_args, replica_argv, server_args_from_namespace
+from radixcluster.server_args import (
+    ServerArgs,
+    add_cli_args,
+    load_tenant_keys,
+    replica_argv,
+    server_args_from_namespace,
+)
 
 
 def parse(*argv: str) -> ServerArgs:
@@ -110,3 +116,22 @@ def test_cache_page_and_control_flags(monkeypatch):
         parse("--max-pinned-fraction", "1.5")
     with pytest.raises(ValueError, match="--dp-size"):
         parse("--dp-size", "2")
+
+
+def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path):
+    good = tmp_path / "keys.json"
+    good.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')
+    assert load_tenant_keys(str(good)) == {"ka": "alpha", "kb": "beta"}
+    assert parse("--api-key-file", str(good)).api_key_file == str(good)
+    for text, words in (
+        ("not json", "--api-key-file"),
+        ("[]", "expected"),
+        ('{"ka": {"name": "alpha"}}', "tenant"),
+        ('{"ka": {"tenant": "alpha", "max_cached_tokens": 5}}', "max_cached_tokens"),
+    ):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=words):
+            parse("--api-key-file", str(bad))
+    with pytest.raises(ValueError, match="No such file"):
+        parse("--api-key-file", str(tmp_path / "missing.json"))

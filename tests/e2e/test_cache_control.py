@@ -4,6 +4,7 @@ its runs; the admin key guards the control calls; the page and the tree snapshot
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from support.api_helpers import TIMEOUT_S, assert_error, generate, get, post, wait_idle
+from support.api_helpers import TIMEOUT_S, assert_error, generate, get, metric_value, post, wait_idle
 from support.servers import ServerHandle, launch_server
 
 pytestmark = pytest.mark.slow
@@ -29,11 +30,23 @@ FLOOD = [f"{word} " + "apples and oranges are fruit, and carrots are not. " * 8 
 POLL_LIMIT_S = 120
 
 
+TENANTS = {"ka": "alpha", "kb": "beta"}  # --api-key-file: key -> tenant
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerHandle]:
-    with launch_server(
-        "--max-total-tokens", str(POOL), "--admin-api-key", "boss", "--cache-page-text", api_key="k"
-    ) as handle:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    keys = tmp_path_factory.mktemp("keys") / "keys.json"
+    keys.write_text(json.dumps({key: {"tenant": name} for key, name in TENANTS.items()}))
+    flags = (
+        "--max-total-tokens",
+        str(POOL),
+        "--admin-api-key",
+        "boss",
+        "--cache-page-text",
+        "--api-key-file",
+        str(keys),
+    )
+    with launch_server(*flags, api_key="k") as handle:
         yield handle
 
 
@@ -204,3 +217,36 @@ def test_the_page_draws_the_tree_growing_and_the_shared_node_hit(server, chromiu
     browse(chromium, f"{server.url}/cache#key=k", f"--screenshot={shot}", "--window-size=1280,900")
     assert shot.stat().st_size > 10_000
     print(f"cache page screenshot: {shot}")
+
+
+def as_tenant(server: ServerHandle, key: str, text: str, **fields: Any) -> dict[str, Any]:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, **fields}
+    resp = requests.post(
+        server.url + "/generate", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT_S
+    )
+    assert resp.status_code == 200, resp.text
+    return resp.json()["meta_info"]
+
+
+def test_tenants_never_share_cached_tokens_whatever_salt_they_send(server):
+    before = cache_info(server).get("tenants", {})
+    prompt = HEADER + " What is 5+5?"
+    first = as_tenant(server, "ka", prompt)
+    assert first["cached_tokens"] == 0
+    assert as_tenant(server, "kb", prompt)["cached_tokens"] == 0  # the same prompt, another tenant
+    assert as_tenant(server, "kb", prompt, cache_salt="")["cached_tokens"] == first["prompt_tokens"] - 1  # its own
+    assert as_tenant(server, "ka", prompt)["cached_tokens"] == first["prompt_tokens"] - 1
+    assert generate(server, prompt, max_new_tokens=1)["meta_info"]["cached_tokens"] == 0  # the plain key: no tenant
+    forged = post(server, "/generate", {"text": prompt, "cache_salt": "\x00tenant\x00alpha\x00"})
+    assert_error(forged, 400, "cache_salt")
+    tenants = cache_info(server)["tenants"]
+    for name in ("alpha", "beta"):
+        assert tenants[name]["requests"] - before.get(name, {}).get("requests", 0) == 2
+    cached = tenants["alpha"]["cached_tokens_total"] - before.get("alpha", {}).get("cached_tokens_total", 0)
+    assert cached == first["prompt_tokens"] - 1
+    assert (
+        metric_value(server, 'radixcluster_tenant_cached_tokens_total{tenant="alpha"}')
+        == tenants["alpha"]["cached_tokens_total"]
+    )
+    own = requests.get(server.url + "/cache/tree", headers={"Authorization": "Bearer ka"}, timeout=TIMEOUT_S).json()
+    assert own["root"]["subtree_tokens"] == first["prompt_tokens"]  # alpha's run only, not beta's or the plain one

@@ -9,6 +9,7 @@ import pytest
 
 from radixcluster.model_path import served_model_name
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
+from radixcluster.router.request_intake import RequestRejected, tenant_salt
 from radixcluster.router.router_process import Router, RouterConfig
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
@@ -106,3 +107,11 @@ def test_the_pin_bound_refuses_with_a_message(model_path, runner):
     refused = control(router, "cache_pin", text=HEADER, ttl_s=5)
     assert refused.error is not None and "--max-pinned-fraction" in refused.error
     assert router.scheduler.tree.protected_tokens == 0
+
+
+def test_a_tenant_salt_cannot_be_forged_without_the_tenant():
+    alpha = tenant_salt("alpha", "x")
+    assert alpha != tenant_salt("beta", "x") and alpha != tenant_salt("alpha", None)
+    assert tenant_salt(None, "plain") == "plain"
+    with pytest.raises(RequestRejected, match="cache_salt"):
+        tenant_salt(None, alpha)

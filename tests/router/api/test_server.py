@@ -116,3 +116,19 @@ def test_the_cache_control_calls_need_the_admin_key_which_also_opens_the_rest(ad
         assert resp.status_code == 400 and "exactly one of text and input_ids" in resp.json()["error"]["message"]
         assert client.post("/cache/evict", json={"txt": "x"}, headers=boss).json()["error"]["message"].startswith("txt")
         assert client.get("/v1/models", headers=boss).status_code == 200
+
+
+def test_tenant_keys_are_accepted_beside_the_api_key(tmp_path: Path):
+    config = ApiConfig(
+        host="127.0.0.1",
+        port=0,
+        request_address=f"ipc://{tmp_path}/in",
+        output_address=f"ipc://{tmp_path}/out",
+        api_key=None,
+        tenant_keys={"ka": "alpha"},
+        served_model_name="m",
+    )
+    with TestClient(create_app(config)) as client:
+        assert client.get("/v1/models", headers={"Authorization": "Bearer ka"}).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "Bearer kb"}).status_code == 401
+        assert client.get("/v1/models").status_code == 401

@@ -76,3 +76,13 @@ def test_text_and_pins_appear_only_when_asked():
     (shared,) = labelled["root"]["children"]
     assert (shared["text"], shared["pinned"]) == ("1,2,3", True)
     assert (shared["children"][0]["text"], shared["children"][0]["pinned"]) == ("4,5", False)
+
+
+def test_a_salt_prefix_shows_one_namespace_only():
+    alloc = PageAllocator(100)
+    tree = RadixTree(alloc)
+    for salt, tokens in (("a:1", [1, 2, 3]), ("a:2", [4, 5]), ("b:1", [1, 2, 3, 4])):
+        tree.insert(np.asarray(tokens), alloc.alloc(len(tokens)), salt)
+    snap = tree_snapshot(tree, SnapshotBounds(), salt_prefix="a:")
+    assert snap["root"]["subtree_tokens"] == 5 and snap["nodes"] == 2
+    assert tree_snapshot(tree, SnapshotBounds())["root"]["subtree_tokens"] == 9
