@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
 from radixcluster.replica_plan import Plan, make_plan, omp_env
-from radixcluster.server_args import ServerArgs
+from radixcluster.server_args import ServerArgs, load_tenant_keys
 
 if TYPE_CHECKING:
     from radixcluster.ray_cluster import RayWorkers
@@ -151,6 +151,8 @@ class Launcher:
                 request_address=plan.address("router_in"),
                 output_address=plan.address("router_out"),
                 api_key=args.api_key,
+                admin_api_key=args.admin_api_key,
+                tenant_keys=load_tenant_keys(args.api_key_file) if args.api_key_file else {},
                 served_model_name=plan.served_model_name,
                 shutdown_timeout_s=args.shutdown_timeout,
             ),
@@ -212,6 +214,8 @@ class Launcher:
             dtype=plan.dtype,
             max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
+            cache_page_text=args.cache_page_text,
+            max_pinned_fraction=args.max_pinned_fraction,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

@@ -87,6 +87,9 @@ class GenerateRequest:
     # logprob entries carry each token's text (RequestOutput.token_texts)
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
+    # the tenant whose API key sent it (--api-key-file): the router keys its cache by it, whatever
+    # the client's cache_salt, and counts its tokens per tenant
+    tenant: str | None = None
 
 
 @message
@@ -132,7 +135,8 @@ class RequestOutput:
 @dataclass(slots=True)
 class ControlRequest:
     """Api -> router: a request that is not a generation (``flush_cache``, ``cache_info``,
-    ``server_info``, ``stats``, ``tokenize``, ``detokenize``)."""
+    ``server_info``, ``stats``, ``tokenize``, ``detokenize``, ``cache_blocks``; the cache page's
+    ``cache_tree`` and the cache-control calls ``cache_pin``, ``cache_unpin``, ``cache_evict``)."""
 
     cid: str
     kind: str

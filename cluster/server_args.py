@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
@@ -17,6 +19,7 @@ logger = logging.getLogger(__name__)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # the API key from the environment: a command line is visible to every user of the host
 API_KEY_ENV = "RADIXCLUSTER_API_KEY"
+ADMIN_API_KEY_ENV = "RADIXCLUSTER_ADMIN_API_KEY"
 # Flags users bring from SGLang that name what is already the default here.
 DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
@@ -52,6 +55,10 @@ class ServerArgs:
     attention_backend: str = "auto"
     disable_weight_prepack: bool = False
     api_key: str | None = None
+    admin_api_key: str | None = None
+    api_key_file: str | None = None
+    cache_page_text: bool = False
+    max_pinned_fraction: float = 0.5
     ray_address: str | None = None
     node_ip_address: str | None = None
     kv_events_address: str | None = None
@@ -86,6 +93,16 @@ class ServerArgs:
             raise ValueError("--kv-events-address is for one replica; with --dp-size each replica gets its own")
         if self.node_ip_address is not None and self.ray_address is None:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
+        if not 0 <= self.max_pinned_fraction <= 1:
+            raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if self.admin_api_key is not None and self.dp_size > 1:
+            raise ValueError(
+                "--admin-api-key guards one replica's cache-control calls, which the gateway of --dp-size does not serve"
+            )
+        if self.api_key_file is not None:
+            load_tenant_keys(self.api_key_file)  # refused here, before anything starts
+            if self.dp_size > 1:
+                raise ValueError("--api-key-file names one replica's tenants; it does not work with --dp-size")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
 
@@ -163,6 +180,27 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help=f"require 'Authorization: Bearer KEY' (all but /health); ${API_KEY_ENV} sets it without showing it in ps",
     )
     parser.add_argument(
+        "--admin-api-key",
+        default=d.admin_api_key,
+        help=f"require 'Authorization: Bearer KEY' on the cache-control calls (/cache/warm, /cache/pin, /cache/evict); ${ADMIN_API_KEY_ENV} sets it without showing it in ps",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        default=d.api_key_file,
+        help='tenants\' API keys, a JSON file {"KEY": {"tenant": "NAME"}, ...}: each tenant\'s prompts are cached apart and counted apart',
+    )
+    parser.add_argument(
+        "--cache-page-text",
+        action="store_true",
+        help="the cache page shows the first tokens of each cached prefix as text (default: hashes and token counts only)",
+    )
+    parser.add_argument(
+        "--max-pinned-fraction",
+        type=float,
+        default=d.max_pinned_fraction,
+        help="the most of the KV pool that pinned prefixes (POST /cache/pin) may hold",
+    )
+    parser.add_argument(
         "--ray-address", default=d.ray_address, help="join this Ray cluster instead of starting a local one"
     )
     parser.add_argument(
@@ -210,7 +248,30 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     values = {k: v for k, v in vars(ns).items() if k in names}
     values["api_key"] = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    values["admin_api_key"] = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     return ServerArgs(**values)
+
+
+def load_tenant_keys(path: str) -> dict[str, str]:
+    """API key -> tenant name from an --api-key-file; ValueError saying what is wrong with it."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--api-key-file {path}: {exc}") from None
+    if not isinstance(entries, dict) or not entries:
+        raise ValueError(f'--api-key-file {path}: expected {{"KEY": {{"tenant": "NAME"}}, ...}}')
+    keys = {}
+    for key, entry in entries.items():
+        where = f"--api-key-file {path}, key {key[:4]}…"
+        if not key or not isinstance(entry, dict) or not isinstance(entry.get("tenant"), str) or not entry["tenant"]:
+            raise ValueError(f'{where}: each key maps to {{"tenant": "NAME"}} (a non-empty key and name)')
+        if set(entry) != {"tenant"}:
+            # the issue's quotas (max_cached_tokens, max_running_requests) are not enforced yet
+            raise ValueError(f"{where}: unknown fields {sorted(set(entry) - {'tenant'})}; only 'tenant' is read")
+        if "\x00" in entry["tenant"]:
+            raise ValueError(f"{where}: a tenant name may not hold \\x00")
+        keys[key] = entry["tenant"]
+    return keys
 
 
 def replica_argv(args: ServerArgs, exclude: tuple[str, ...]) -> list[str]:

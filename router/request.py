@@ -31,6 +31,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_token_ids: tuple[int, ...] = ()
     cache_salt: str | None = None
+    tenant: str | None = None  # counted under this tenant (its cache_salt already names it)
     return_logprob: bool = False
     top_logprobs_num: int = 0
     # first prompt position whose logprob is wanted; -1: none

@@ -19,6 +19,20 @@ class RequestRejected(ValueError):
     """The client's request cannot run; the message is for the client."""
 
 
+# a tenant's cache namespace starts with this; a salt sent without a tenant may not, so no
+# client can name another tenant's prefixes
+TENANT_SALT_PREFIX = "\x00tenant\x00"
+
+
+def tenant_salt(tenant: str | None, cache_salt: str | None) -> str | None:
+    """The tree's cache salt of a request: the client's, inside its tenant's namespace if any."""
+    if tenant is None:
+        if cache_salt is not None and cache_salt.startswith(TENANT_SALT_PREFIX):
+            raise RequestRejected("cache_salt (with extra_key) may not start with the bytes \\x00tenant\\x00")
+        return cache_salt
+    return f"{TENANT_SALT_PREFIX}{tenant}\x00{cache_salt or ''}"
+
+
 class RequestIntake:
     """``pool_tokens``: the KV pool's size; a request's prompt + output must fit it whole (and the
     context), or it could never run even alone.
@@ -95,7 +109,8 @@ class RequestIntake:
             prompt_ids=ids.astype(np.int32),
             sampling=sampling,
             eos_token_ids=self.tokenizer.eos_token_ids,
-            cache_salt=msg.cache_salt,
+            cache_salt=tenant_salt(msg.tenant, msg.cache_salt),
+            tenant=msg.tenant,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),

@@ -33,6 +33,7 @@ from radixcluster.protocol import (
     encode,
 )
 from radixcluster.router.batch_builder import ScheduledBatch
+from radixcluster.router.cache_control import CacheControl
 from radixcluster.router.grammar import GrammarCache, requested_grammar
 from radixcluster.router.grammar_waits import GrammarWaits
 from radixcluster.router.output_streams import OutputStreams
@@ -84,6 +85,8 @@ class RouterConfig:
     dtype: str
     max_queued_requests: int  # waiting (and compiling) requests beyond which new ones get a 429
     log_level: str = "warning"
+    cache_page_text: bool = False  # the cache page's tree shows each node's first tokens as text
+    max_pinned_fraction: float = 0.5  # of the KV pool, the most that pinned prefixes may hold
 
 
 class Router:
@@ -106,6 +109,7 @@ class Router:
                 schedule_policy=config.schedule_policy,
                 enable_radix_cache=config.enable_radix_cache,
                 eviction_policy=config.eviction_policy,
+                max_pinned_fraction=config.max_pinned_fraction,
             ),
             on_tree_event=tree_events.on_event if tree_events is not None else None,
         )
@@ -272,6 +276,8 @@ class Router:
             if self.tree_events is None:
                 return ControlResponse(msg.cid, error="tree events are off: start the server with --kv-events-address")
             return ControlResponse(msg.cid, self.tree_events.snapshot(self.scheduler.tree.root))
+        if msg.kind in ("cache_tree", "cache_pin", "cache_unpin", "cache_evict"):
+            return CacheControl(self.scheduler.cache, self.intake, self.config.cache_page_text).answer(msg)
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
 
     def _stats(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ Only this class (through CacheManager) mutates requests' KV state, the tree and 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +50,14 @@ class SchedulerConfig:
     schedule_policy: str = "lpm"
     enable_radix_cache: bool = True
     eviction_policy: str = "lru"
+    max_pinned_fraction: float = 0.5  # of the pool, the most that pins may hold
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "max_running_requests", "max_context_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not 0 <= self.max_pinned_fraction <= 1:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError("chunked_prefill_size must be at least one page")
 
@@ -63,7 +67,8 @@ class Scheduler:
         self.config = config
         self.allocator = PageAllocator(config.num_pages)
         tree = RadixTree(self.allocator, config.page_size, config.eviction_policy, on_tree_event)
-        self.cache = CacheManager(self.allocator, tree, config.enable_radix_cache)
+        max_pinned = int(config.max_pinned_fraction * config.num_pages) * config.page_size
+        self.cache = CacheManager(self.allocator, tree, config.enable_radix_cache, max_pinned)
         self.policy = SchedulePolicy(config.schedule_policy, self.cache)
         self.slots = SlotPool(config.max_running_requests)
         self.waiting: list[Request] = []
@@ -134,7 +139,9 @@ class Scheduler:
         return not self.waiting and not self.running and not self.prefilling
 
     def schedule(self) -> ScheduledBatch | None:
-        """The next step to run, or None when there is nothing to do (the pool is checked then)."""
+        """The next step to run, or None when there is nothing to do (the pool is checked then).
+        Pins whose TTL ended are released first (the router calls this on every loop turn)."""
+        self.cache.pins.expire(time.monotonic())
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch is None and self.is_idle() and not self._idle_checked:
             self._idle_checked = True  # once per idle spell, even when it raises
@@ -186,7 +193,7 @@ class Scheduler:
         if first_admission:
             req.admitted_once = True
             req.cached_tokens = prefix_len
-            self.counters.count_admission(req.prompt_len, prefix_len)
+            self.counters.count_admission(req.prompt_len, prefix_len, req.tenant)
 
     def _build(self, entries: list[PrefillEntry]) -> ScheduledBatch:
         self._step_id += 1
@@ -285,9 +292,10 @@ class Scheduler:
     # ------------------------------------------------------------ cache control and checks
 
     def flush_cache(self) -> bool:
-        """Empty the tree; refused (False) unless the scheduler is idle."""
+        """Empty the tree, pins included; refused (False) unless the scheduler is idle."""
         if not self.is_idle():
             return False
+        self.cache.pins.clear()
         self.tree.reset()
         self.check_integrity()
         return True
@@ -304,5 +312,6 @@ class Scheduler:
         return self.counters.snapshot(self.cache, len(admitted), len(self.waiting), *tokens)
 
     def cache_info(self) -> dict[str, Any]:
-        """The radix-cache part of ``stats()``, for /cache_info."""
-        return {k: v for k, v in self.stats().items() if k in CACHE_INFO_KEYS}
+        """The radix-cache part of ``stats()`` and the pins, for /cache_info."""
+        info = {k: v for k, v in self.stats().items() if k in CACHE_INFO_KEYS}
+        return {**info, "pins": self.cache.pins.describe(time.monotonic())}

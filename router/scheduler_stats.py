@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,12 @@ CACHE_INFO_KEYS = (
     "cached_tokens",
     "evictable_tokens",
     "protected_tokens",
+    "pinned_tokens",
+    "free_pages",
+    "num_pages",
+    "token_usage",
     "page_size",
+    "tenants",
 )
 
 
@@ -37,12 +42,19 @@ class SchedulerStats:
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     retractions_total: int = 0
+    # by tenant (--api-key-file): [requests, prompt tokens, cached tokens]
+    tenants: dict[str, list[int]] = field(default_factory=dict)
 
-    def count_admission(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def count_admission(self, prompt_tokens: int, cached_tokens: int, tenant: str | None = None) -> None:
         self.total_requests += 1
         self.cache_hits += cached_tokens > 0
         self.prompt_tokens_total += prompt_tokens
         self.cached_tokens_total += cached_tokens
+        if tenant is not None:
+            counts = self.tenants.setdefault(tenant, [0, 0, 0])
+            counts[0] += 1
+            counts[1] += prompt_tokens
+            counts[2] += cached_tokens
 
     def snapshot(
         self, cache: CacheManager, running: int, waiting: int, prefilling_tokens: int, waiting_tokens: int
@@ -65,6 +77,7 @@ class SchedulerStats:
             "cached_tokens": tree.cached_tokens,
             "evictable_tokens": tree.evictable_tokens,
             "protected_tokens": tree.protected_tokens,
+            "pinned_tokens": cache.pins.pinned_tokens(),
             "free_pages": alloc.num_free,
             "num_pages": alloc.num_pages,
             "page_size": cache.page_size,
@@ -73,6 +86,10 @@ class SchedulerStats:
             "waiting_requests": waiting,
             "prefilling_tokens": prefilling_tokens,
             "waiting_tokens": waiting_tokens,
+            "tenants": {
+                name: {"requests": n, "prompt_tokens_total": prompt, "cached_tokens_total": cached}
+                for name, (n, prompt, cached) in self.tenants.items()
+            },
         }
 
 
@@ -95,5 +112,5 @@ def check_pool_integrity(cache: CacheManager, admitted: list[Request], idle: boo
         check(r.pages[: r.tree_len // ps] == path, f"{r.rid}: table does not start with its locked path")
         check(r.cached_tokens <= r.prompt_len, f"{r.rid}: cached tokens exceed the prompt")
     if idle:
-        check(cache.tree.protected_tokens == 0, "locks held while idle")
+        check(cache.tree.protected_tokens == cache.pins.pinned_tokens(), "locks other than pins held while idle")
         check(alloc.num_free + cache.tree.cached_tokens // ps == alloc.num_pages, "free + cached != pool when idle")

@@ -1,34 +1,80 @@
-"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway)."""
+"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway), and the
+tenant a key names (--api-key-file)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable
+from contextvars import ContextVar
 
+from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixcluster.router.api.errors import error_response
+from radixcluster.router.api.errors import ApiError, error_response
 
-# Load balancers probe this without credentials.
-PUBLIC_PATHS = frozenset({"/health"})
+# Load balancers probe /health without credentials; the cache page's files hold no data (the
+# page asks for the key, and sends it with the calls that fetch the data).
+PUBLIC_PATHS = frozenset({"/health", "/cache", "/cache/page.js", "/cache/page.css"})
+
+
+# The tenant of the request being served, set by BearerAuth for the task that serves it (and the
+# tasks it starts): the one place every generation passes (run_generation) reads it, so no route
+# can forget to send it.
+current_tenant: ContextVar[str | None] = ContextVar("current_tenant", default=None)
+
+
+def _bearer(key: str) -> bytes:
+    return f"Bearer {key}".encode()
+
+
+def _digest(header: bytes) -> bytes:
+    # keys are looked up by a hash of the header: the lookup's time says nothing about any key
+    return hashlib.sha256(header).digest()
 
 
 class BearerAuth:
-    """Refuse every request without ``Authorization: Bearer <key>``, except public paths;
-    ``on_reject`` is told each refusal's status (a metric)."""
+    """Refuse every request without ``Authorization: Bearer <key>``, except public paths; the
+    keys are the API key, the admin key and the tenants' keys (``tenant_keys``: key -> tenant),
+    whichever are set. A tenant's key makes its tenant ``current_tenant``. ``on_reject`` is
+    told each refusal's status (a metric)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, on_reject: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        on_reject: Callable[[int], None] | None = None,
+        admin_key: str | None = None,
+        tenant_keys: dict[str, str] | None = None,
+    ) -> None:
         self._app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._tenants: dict[bytes, str | None] = {_digest(_bearer(k)): None for k in (api_key, admin_key) if k}
+        self._tenants.update({_digest(_bearer(k)): t for k, t in (tenant_keys or {}).items()})
         self._on_reject = on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+            found = _digest(given)
+            if found in self._tenants:
+                current_tenant.set(self._tenants[found])
+            else:
                 message = "missing API key" if not given else "invalid API key"
                 if self._on_reject is not None:
                     self._on_reject(401)
                 await error_response(401, f"{message}: send 'Authorization: Bearer <key>'")(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+def admin_check(admin_key: str | None) -> Callable[[Request], None]:
+    """A route dependency: with an admin key, refuse (401) a call that does not carry it."""
+
+    def check(request: Request) -> None:
+        if admin_key is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, _bearer(admin_key)):
+            raise ApiError(401, "this cache-control call needs the admin key: send 'Authorization: Bearer <admin key>'")
+
+    return check

@@ -22,6 +22,8 @@ class ApiConfig:
     api_key: str | None
     served_model_name: str
     max_body_bytes: int = 16 * 2**20
+    admin_api_key: str | None = None  # when set, the cache-control calls require it
+    tenant_keys: dict[str, str] = field(default_factory=dict)  # --api-key-file: API key -> tenant
     # after SIGTERM, requests in flight get this long to finish before they end with an error
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
 

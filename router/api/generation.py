@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
+from radixcluster.router.api.auth import current_tenant
 from radixcluster.router.api.errors import ApiError, error_body
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
@@ -140,6 +141,7 @@ async def run_generation(
 ) -> AsyncIterator[Generation]:
     """Yield the request's Generation after each output; a router rejection raises ApiError, and
     so does ``deadline`` (a ``time.monotonic()``) passing first (504; the request is aborted)."""
+    request.tenant = current_tenant.get()
     progress = _Progress(request)
     start = last_token = time.monotonic()
     first = True

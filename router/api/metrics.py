@@ -31,6 +31,16 @@ _COUNTERS = (
         "Running requests sent back to the queue (their KV freed) when the KV pool ran out.",
     ),
 )
+# (exported name, key of each tenant's stats, help)
+_TENANT_COUNTERS = (
+    ("radixcluster_tenant_requests", "requests", "Requests admitted, by tenant."),
+    ("radixcluster_tenant_prompt_tokens", "prompt_tokens_total", "Prompt tokens received, by tenant."),
+    (
+        "radixcluster_tenant_cached_tokens",
+        "cached_tokens_total",
+        "Prompt tokens served from the radix cache, by tenant.",
+    ),
+)
 # (exported name, stats key, help): a histogram the router keeps (cumulative bucket counts)
 _HISTOGRAMS = (("radixcluster_step_duration_seconds", "step_seconds", "Router steps: schedule, model step, outputs."),)
 # HTTP statuses that refuse a request before it runs, by the reason they are counted under
@@ -52,6 +62,7 @@ _GAUGES = (
     ("radixcluster_free_pages", "free_pages", "Free KV pages."),
     ("radixcluster_total_pages", "num_pages", "KV pages in the pool."),
     ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
+    ("radixcluster_pinned_tokens", "pinned_tokens", "Tokens of the radix tree that pins keep from eviction."),
 )
 
 # CPU serving is slow: the buckets reach into tens of seconds.
@@ -80,7 +91,19 @@ class _RouterStats:
                 buckets = [(repr(float(b)), c) for b, c in zip(h["buckets"], h["counts"])]
                 buckets.append(("+Inf", h["count"]))
                 families.append(HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"]))
+        families += _tenant_counters(self._stats.get("tenants") or {})
         return families
+
+
+def _tenant_counters(tenants: dict[str, dict[str, int]]) -> list[Metric]:
+    """Requests, prompt and cached tokens of each tenant (--api-key-file), labelled ``tenant``."""
+    families: list[Metric] = []
+    for name, key, doc in _TENANT_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["tenant"])
+        for tenant, counts in sorted(tenants.items()):
+            family.add_metric([tenant], float(counts[key]))
+        families.append(family)
+    return families
 
 
 class ApiMetrics:

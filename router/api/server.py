@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
 from radixcluster.router.api.auth import BearerAuth
+from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
@@ -73,8 +74,15 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(control_routes(ctx))
     app.include_router(openai_routes(ctx))
     app.include_router(cluster_routes(ctx))
-    if config.api_key:
-        app.add_middleware(BearerAuth, api_key=config.api_key, on_reject=ctx.metrics.count_rejection)
+    app.include_router(cache_routes(ctx))
+    if config.api_key or config.tenant_keys:
+        app.add_middleware(
+            BearerAuth,
+            api_key=config.api_key,
+            on_reject=ctx.metrics.count_rejection,
+            admin_key=config.admin_api_key,
+            tenant_keys=config.tenant_keys,
+        )
     app.add_middleware(DrainGate, ctx=ctx)  # added last: runs first
     return app
 

@@ -20,16 +20,20 @@ from __future__ import annotations
 import numpy as np
 
 from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.pin_table import Pin, PinRefused, PinTable
 from radixcluster.router.cache.radix_tree import MatchResult, RadixTree
 from radixcluster.router.request import Request
 
+CACHE_DISABLED = "the radix cache is disabled (--disable-radix-cache)"
+
 
 class CacheManager:
-    def __init__(self, allocator: PageAllocator, tree: RadixTree, enabled: bool) -> None:
+    def __init__(self, allocator: PageAllocator, tree: RadixTree, enabled: bool, max_pinned_tokens: int = 0) -> None:
         self.allocator = allocator
         self.tree = tree
         self.page_size = tree.page_size
         self.enabled = enabled
+        self.pins = PinTable(tree, max_pinned_tokens)
 
     def available_pages(self) -> int:
         """Pages an admission may use: free now, or freed by evicting unlocked nodes."""
@@ -118,3 +122,20 @@ class CacheManager:
 
     def private_pages(self, req: Request) -> list[int]:
         return req.pages[req.tree_len // self.page_size :] if req.last_node is not None else []
+
+    # ------------------------------------------------------------ cache control (users' calls)
+
+    def pin(self, tokens: np.ndarray, salt: str | None, ttl_s: float, now: float) -> Pin:
+        """Keep the cached part of ``tokens`` from eviction until ``now + ttl_s`` (PinTable.pin)."""
+        if not self.enabled:
+            raise PinRefused(CACHE_DISABLED)
+        return self.pins.pin(tokens, salt, ttl_s, now)
+
+    def unpin(self, tokens: np.ndarray, salt: str | None) -> Pin | None:
+        return self.pins.unpin(tokens, salt)
+
+    def evict_prefix(self, tokens: np.ndarray, salt: str | None) -> int:
+        """Free the unlocked runs that start with ``tokens`` (RadixTree.evict_prefix)."""
+        if not self.enabled:
+            raise PinRefused(CACHE_DISABLED)
+        return self.tree.evict_prefix(tokens, salt)

@@ -98,6 +98,11 @@ class RadixTree:
         return self.evictable_tokens + self.protected_tokens
 
     @property
+    def clock(self) -> int:
+        """The logical time of the last match or insert (what ``last_access`` counts in)."""
+        return self._clock
+
+    @property
     def evictable_pages(self) -> int:
         return self.evictable_tokens // self.page_size
 
@@ -200,6 +205,29 @@ class RadixTree:
                 break
             freed += len(node.key)
             self._remove_leaf(node)
+        return freed
+
+    def evict_prefix(self, tokens: np.ndarray, salt: str | None = None) -> int:
+        """Free the unlocked nodes of every cached run that starts with ``tokens`` (cut to whole
+        pages): the subtree where that prefix ends, the node ending it included, never its
+        ancestors (other runs share them). Nothing when the whole prefix is not cached, since
+        then no cached run starts with it. Locked nodes (running requests, pins) and their
+        ancestors stay. Returns the tokens freed."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        limit = len(tokens) // self.page_size * self.page_size
+        match = self.match_prefix(tokens[:limit], salt)  # splits where the prefix ends mid-node
+        if limit == 0 or match.length < limit:
+            return 0
+        order, stack = [], [match.node]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        freed = 0
+        for node in reversed(order):  # children before their parent
+            if not node.lock_ref and not node.children:
+                freed += len(node.key)
+                self._remove_leaf(node)
         return freed
 
     def reset(self) -> None:

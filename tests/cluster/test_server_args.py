@@ -7,7 +7,13 @@ import logging
 
 import pytest
 
-from radixcluster.server_args import ServerArgs, add_cli_args, replica_argv, server_args_from_namespace
+from radixcluster.server_args import (
+    ServerArgs,
+    add_cli_args,
+    load_tenant_keys,
+    replica_argv,
+    server_args_from_namespace,
+)
 
 
 def parse(*argv: str) -> ServerArgs:
@@ -97,3 +103,35 @@ def test_admission_and_shutdown_flags():
     for argv in (("--max-queued-requests", "0"), ("--shutdown-timeout", "-1")):
         with pytest.raises(ValueError, match=argv[0]):
             parse(*argv)
+
+
+def test_cache_page_and_control_flags(monkeypatch):
+    defaults = parse()
+    assert (defaults.cache_page_text, defaults.max_pinned_fraction, defaults.admin_api_key) == (False, 0.5, None)
+    args = parse("--cache-page-text", "--max-pinned-fraction", "0.25", "--admin-api-key", "boss")
+    assert (args.cache_page_text, args.max_pinned_fraction, args.admin_api_key) == (True, 0.25, "boss")
+    monkeypatch.setenv("RADIXCLUSTER_ADMIN_API_KEY", "from-env")
+    assert parse().admin_api_key == "from-env"
+    with pytest.raises(ValueError, match="--max-pinned-fraction"):
+        parse("--max-pinned-fraction", "1.5")
+    with pytest.raises(ValueError, match="--dp-size"):
+        parse("--dp-size", "2")
+
+
+def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path):
+    good = tmp_path / "keys.json"
+    good.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')
+    assert load_tenant_keys(str(good)) == {"ka": "alpha", "kb": "beta"}
+    assert parse("--api-key-file", str(good)).api_key_file == str(good)
+    for text, words in (
+        ("not json", "--api-key-file"),
+        ("[]", "expected"),
+        ('{"ka": {"name": "alpha"}}', "tenant"),
+        ('{"ka": {"tenant": "alpha", "max_cached_tokens": 5}}', "max_cached_tokens"),
+    ):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=words):
+            parse("--api-key-file", str(bad))
+    with pytest.raises(ValueError, match="No such file"):
+        parse("--api-key-file", str(tmp_path / "missing.json"))

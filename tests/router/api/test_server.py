@@ -66,3 +66,69 @@ def test_a_full_queue_answer_carries_retry_after(app):
 
     resp = error_response(429, "busy")
     assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
+
+
+@pytest.fixture()
+def admin_app(tmp_path: Path):
+    config = ApiConfig(
+        host="127.0.0.1",
+        port=0,
+        request_address=f"ipc://{tmp_path}/in",
+        output_address=f"ipc://{tmp_path}/out",
+        api_key="k",
+        admin_api_key="boss",
+        served_model_name="m",
+    )
+    return create_app(config)
+
+
+def test_the_cache_page_files_are_served_without_a_key(app):
+    with TestClient(app) as client:
+        page = client.get("/cache")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert '<script src="/cache/page.js">' in page.text and 'href="/cache/page.css"' in page.text
+        assert "fetch(" in client.get("/cache/page.js").text
+        assert client.get("/cache/page.css").headers["content-type"].startswith("text/css")
+        assert client.get("/cache/tree").status_code == 401  # the data needs the key
+
+
+def test_tree_bounds_are_a_400_naming_the_parameter(app):
+    with TestClient(app) as client:
+        for query, word in (("depth=0", "depth"), ("depth=65", "depth"), ("min_tokens=-1", "min_tokens")):
+            resp = client.get(f"/cache/tree?{query}", headers={"Authorization": "Bearer k"})
+            assert resp.status_code == 400 and word in resp.json()["error"]["message"], resp.text
+
+
+def test_the_cache_control_calls_need_the_admin_key_which_also_opens_the_rest(admin_app):
+    with TestClient(admin_app) as client:
+        for method, path in (
+            ("POST", "/cache/warm"),
+            ("POST", "/cache/pin"),
+            ("DELETE", "/cache/pin"),
+            ("POST", "/cache/evict"),
+        ):
+            resp = client.request(method, path, json={"text": "x"}, headers={"Authorization": "Bearer k"})
+            assert resp.status_code == 401 and "admin key" in resp.json()["error"]["message"], (path, resp.text)
+        boss = {"Authorization": "Bearer boss"}
+        resp = client.post("/cache/pin", json={"text": "x"}, headers=boss)
+        assert resp.status_code == 400 and "ttl_s" in resp.json()["error"]["message"]
+        resp = client.post("/cache/evict", json={"text": "x", "input_ids": [1]}, headers=boss)
+        assert resp.status_code == 400 and "exactly one of text and input_ids" in resp.json()["error"]["message"]
+        assert client.post("/cache/evict", json={"txt": "x"}, headers=boss).json()["error"]["message"].startswith("txt")
+        assert client.get("/v1/models", headers=boss).status_code == 200
+
+
+def test_tenant_keys_are_accepted_beside_the_api_key(tmp_path: Path):
+    config = ApiConfig(
+        host="127.0.0.1",
+        port=0,
+        request_address=f"ipc://{tmp_path}/in",
+        output_address=f"ipc://{tmp_path}/out",
+        api_key=None,
+        tenant_keys={"ka": "alpha"},
+        served_model_name="m",
+    )
+    with TestClient(create_app(config)) as client:
+        assert client.get("/v1/models", headers={"Authorization": "Bearer ka"}).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "Bearer kb"}).status_code == 401
+        assert client.get("/v1/models").status_code == 401

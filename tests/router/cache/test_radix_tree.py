@@ -317,3 +317,42 @@ def test_lfu_counts_admissions_not_the_matches_that_order_the_queue() -> None:
     tree.evict(2)  # the prefix that was reused stays; the one that only waited goes
     assert tree.match_prefix(waited).length == 0
     assert tree.match_prefix(np.array([2, 2, 0], dtype=np.int32)).length == 2
+
+
+def test_evict_prefix_frees_the_runs_that_start_with_it_and_keeps_shared_ancestors() -> None:
+    tree, alloc = tree_with()
+    put(tree, alloc, [1, 2, 3, 4, 5, 6])
+    put(tree, alloc, [1, 2, 3, 4, 9])
+    put(tree, alloc, [1, 2, 7, 7])
+    free_before = alloc.num_free
+    # [3, 4] is split after [3]: [3], [4] and the children [5, 6], [9] go
+    assert tree.evict_prefix(np.array([1, 2, 3], dtype=np.int32)) == 5
+    assert alloc.num_free == free_before + 5
+    assert tree.match_prefix(np.array([1, 2, 7, 7], dtype=np.int32)).length == 4
+    assert tree.match_prefix(np.array([1, 2, 3], dtype=np.int32)).length == 2
+    tree.check_integrity()
+
+
+def test_evict_prefix_spares_locked_runs_and_a_prefix_not_wholly_cached() -> None:
+    tree, alloc = tree_with()
+    put(tree, alloc, [1, 2, 3, 4])
+    put(tree, alloc, [1, 2, 5, 6])
+    assert tree.evict_prefix(np.array([1, 2, 3, 4, 8], dtype=np.int32)) == 0
+    locked = tree.match_prefix(np.array([1, 2, 3, 4], dtype=np.int32)).node
+    tree.lock(locked)
+    assert tree.evict_prefix(np.array([1, 2], dtype=np.int32)) == 2  # only [5, 6]: [1, 2] holds the lock's path
+    assert tree.cached_tokens == 4 and tree.protected_tokens == 4
+    tree.unlock(locked)
+    assert tree.evict_prefix(np.array([1], dtype=np.int32)) == 4
+    assert tree.cached_tokens == 0
+    tree.check_integrity()
+
+
+def test_evict_prefix_cuts_the_prefix_to_whole_pages() -> None:
+    tree, alloc = tree_with(page_size=2)
+    put(tree, alloc, [1, 2, 3, 4, 5, 6])
+    put(tree, alloc, [1, 2, 8, 8])
+    assert tree.evict_prefix(np.array([1], dtype=np.int32)) == 0  # less than a page names nothing
+    assert tree.evict_prefix(np.array([1, 2, 3, 4, 5], dtype=np.int32)) == 4  # [1, 2, 3, 4]: the run [3..6]
+    assert tree.cached_tokens == 4
+    tree.check_integrity()

@@ -1,0 +1,103 @@
+"""The cache made visible and controllable: the live page (``GET /cache``, static files shipped
+in the package), the tree snapshot it polls, and the cache-control calls (warm, pin, unpin,
+evict by prefix), which need the admin key when the server has one."""
+
+from __future__ import annotations
+
+import uuid
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.router.api.auth import admin_check, current_tenant
+from radixcluster.router.api.cache_schemas import MAX_TREE_DEPTH, CachePrefixIn, PinIn, UnpinIn
+from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.generation import collect, run_generation
+from radixcluster.router.api.router_client import RouterError
+
+# the page's files (package data), by the path they are served under, with their media type
+PAGE_FILES = {
+    "/cache": ("cache.html", "text/html; charset=utf-8"),
+    "/cache/page.js": ("cache.js", "text/javascript; charset=utf-8"),
+    "/cache/page.css": ("cache.css", "text/css; charset=utf-8"),
+}
+
+
+def page_file(name: str) -> bytes:
+    return (resources.files("radixcluster.router.api") / "static" / name).read_bytes()
+
+
+async def _cache_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A cache control call; what the router refuses (a pin over the bound, bad bounds) is the
+    client's 400."""
+    try:
+        return await ctx.client.control(kind, {**args, "tenant": current_tenant.get()})
+    except RouterError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[str, Any]:
+    """Prefill the prefix without generating (a generation of 0 new tokens): its token count,
+    what was cached already, and what was computed now."""
+    msg = GenerateRequest(
+        rid=f"warm-{uuid.uuid4().hex}",
+        sampling=SamplingParams(max_new_tokens=0),
+        text=body.text,
+        input_ids=body.input_ids,
+        cache_salt=body.cache_salt,
+    )
+    (gen,) = await collect(request, [run_generation(ctx.client, msg, ctx.metrics)])
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "cached_tokens": gen.cached_tokens,
+        "prefilled_tokens": gen.prompt_tokens - gen.cached_tokens,
+    }
+
+
+def cache_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+    admin = [Depends(admin_check(ctx.config.admin_api_key))]
+    files = {path: (page_file(name), media) for path, (name, media) in PAGE_FILES.items()}
+
+    for path, (content, media) in files.items():
+        router.add_api_route(
+            path, lambda content=content, media=media: Response(content, media_type=media), methods=["GET"]
+        )
+
+    @router.get("/cache/tree")
+    async def cache_tree(
+        depth: int = Query(8, ge=1, le=MAX_TREE_DEPTH), min_tokens: int = Query(0, ge=0, le=2**31 - 1)
+    ) -> dict[str, Any]:
+        """The tree down to ``depth`` levels, subtrees under ``min_tokens`` folded, at most 512 nodes."""
+        return await _cache_call(ctx, "cache_tree", {"depth": depth, "min_tokens": min_tokens})
+
+    @router.post("/cache/warm", dependencies=admin)
+    async def warm(request: Request) -> dict[str, Any]:
+        body = CachePrefixIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        return await _warm(ctx, request, body)
+
+    @router.post("/cache/pin", dependencies=admin)
+    async def pin(request: Request) -> dict[str, Any]:
+        """Warm the prefix, then keep its pages from eviction for ``ttl_s`` seconds."""
+        body = PinIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        warmed = await _warm(ctx, request, body)
+        return {**warmed, **await _cache_call(ctx, "cache_pin", body.router_args())}
+
+    @router.delete("/cache/pin", dependencies=admin)
+    async def unpin(request: Request) -> dict[str, Any]:
+        body = UnpinIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        answer = await _cache_call(ctx, "cache_unpin", body.router_args())
+        if not answer["unpinned"]:
+            raise ApiError(404, "no pin holds this prefix (pin and unpin must name the same prefix and cache_salt)")
+        return answer
+
+    @router.post("/cache/evict", dependencies=admin)
+    async def evict(request: Request) -> dict[str, Any]:
+        """Free the unlocked pages of every cached run that starts with the prefix."""
+        body = CachePrefixIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        return await _cache_call(ctx, "cache_evict", body.router_args())
+
+    return router
