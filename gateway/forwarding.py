@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -27,6 +27,7 @@ from radixcluster.gateway.prompts import NATIVE, RoutedRequest
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
+from radixcluster.gateway.upstream import UPSTREAM_ERRORS, lines
 from radixcluster.router.api.errors import ApiError, error_body
 from radixcluster.router.api.generation import SSE_DONE, SSEResponse, sse, until_disconnect
 
@@ -34,7 +35,6 @@ logger = logging.getLogger(__name__)
 
 # a replica that answers these has not run the request: another one may
 RETRY_STATUSES = frozenset({502, 503, 504})
-CONNECT_TIMEOUT_S = 5.0
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -76,7 +76,7 @@ class _RelayResponse(SSEResponse):
     """A relayed stream whose dispatch and upstream response end however it ends (also when
     the client left before the first frame, so the body generator never started)."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], dispatch: Dispatch, upstream: httpx.Response) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], dispatch: Dispatch, upstream: aiohttp.ClientResponse) -> None:
         super().__init__(body, headers=SSE_HEADERS)
         self._dispatch, self._upstream = dispatch, upstream
 
@@ -85,7 +85,9 @@ class _RelayResponse(SSEResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._dispatch.end()
-            await self._upstream.aclose()
+            # back to the pool when the stream was read to its end; closed (the replica sees
+            # the client leave and aborts) when not
+            self._upstream.release()
 
 
 class Forwarder:
@@ -94,13 +96,12 @@ class Forwarder:
         replicas: ReplicaSet,
         chooser: ReplicaChooser,
         metrics: GatewayMetrics,
-        http: httpx.AsyncClient,
     ) -> None:
         self.replicas = replicas
         self.chooser = chooser
         self.metrics = metrics
         self.ledger = PredictionLedger(metrics)
-        self.http = http
+        self._headers = {**replicas.headers, "Content-Type": "application/json"}
 
     async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes, arrived: float) -> Response:
         """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
@@ -146,34 +147,32 @@ class Forwarder:
                 return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, upstream)
             answered = time.perf_counter()
             dispatch.end()
-            if upstream.status_code != 200:
-                return Response(content, upstream.status_code, media_type=upstream.headers.get("content-type"))
+            if upstream.status != 200:
+                return Response(content, upstream.status, media_type=upstream.headers.get("Content-Type"))
             response = JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
             self.metrics.own_seconds.observe((sent - arrived) + (time.perf_counter() - answered))
             return response
 
-    async def _send(self, replica: Replica, path: str, raw: bytes, stream: bool) -> tuple[httpx.Response, bytes | None]:
+    async def _send(
+        self, replica: Replica, path: str, raw: bytes, stream: bool
+    ) -> tuple[aiohttp.ClientResponse, bytes | None]:
         """The replica's response and, unless it is a stream to relay, its whole body."""
-        request = self.http.build_request(
-            "POST",
-            replica.url + path,
-            content=raw,
-            headers={**self.replicas.headers, "Content-Type": "application/json"},
-        )
         try:
-            upstream = await self.http.send(request, stream=True)
-        except httpx.TransportError as exc:
+            upstream = await self.replicas.http.post(
+                replica.url + path, data=raw, headers=self._headers, allow_redirects=False
+            )
+        except UPSTREAM_ERRORS as exc:
             raise _NotServed(f"{type(exc).__name__}: {exc}") from None
-        relay = stream and upstream.status_code == 200
+        relay = stream and upstream.status == 200
         try:
-            if upstream.status_code in RETRY_STATUSES:
-                raise _NotServed(f"HTTP {upstream.status_code}")
-            return upstream, None if relay else await upstream.aread()
-        except httpx.TransportError as exc:
+            if upstream.status in RETRY_STATUSES:
+                raise _NotServed(f"HTTP {upstream.status}")
+            return upstream, None if relay else await upstream.read()
+        except UPSTREAM_ERRORS as exc:
             raise _NotServed(f"{type(exc).__name__}: {exc}") from None
         finally:
             if not relay:
-                await upstream.aclose()
+                upstream.release()
 
     # ------------------------------------------------------------ answers
 
@@ -203,16 +202,16 @@ class Forwarder:
         self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
 
     async def _relay(
-        self, upstream: httpx.Response, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
+        self, upstream: aiohttp.ClientResponse, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
     ) -> AsyncGenerator[bytes, None]:
         """The replica's SSE frames, annotated, as they arrive."""
         placement = dispatch.placement
         try:
-            async for line in upstream.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in lines(upstream):
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     yield SSE_DONE
                     continue
                 chunk = json.loads(data)
@@ -229,7 +228,7 @@ class Forwarder:
                         yield sse(chunk)
                 else:
                     yield sse(chunk)
-        except httpx.HTTPError as exc:
+        except UPSTREAM_ERRORS as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
             yield sse(error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}"))
             yield SSE_DONE

@@ -9,18 +9,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import socket
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 import zmq
 import zmq.asyncio
 
 from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.replica import Replica
+from radixcluster.gateway.upstream import UPSTREAM_ERRORS, open_session
 from radixcluster.protocol import ProtocolError, TreeEvent, decode
 
 logger = logging.getLogger(__name__)
@@ -31,11 +33,12 @@ EVENT_WAIT_MS = 200
 
 
 class ReplicaSet:
-    """Owns the replicas and the tasks that watch them; used inside one event loop."""
+    """Owns the replicas, the tasks that watch them and the HTTP session to them; used inside
+    one event loop, between ``start`` and ``close``."""
 
-    def __init__(self, config: GatewayConfig, http: httpx.AsyncClient) -> None:
+    def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.http = http
+        self._http: aiohttp.ClientSession | None = None
         self.headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self._replicas: dict[str, Replica] = {}
         self._tasks: dict[str, list[asyncio.Task]] = {}
@@ -48,7 +51,14 @@ class ReplicaSet:
     def get(self, url: str) -> Replica | None:
         return self._replicas.get(url.rstrip("/"))
 
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise RuntimeError("the replica set is not started")
+        return self._http
+
     async def start(self) -> None:
+        self._http = open_session()  # in the loop that serves: the session belongs to it
         for url in self.config.replicas:
             self.add(url)
         if self.config.discover:
@@ -60,6 +70,8 @@ class ReplicaSet:
         for url in list(self._replicas):
             await self.remove(url)
         self._zmq.term()
+        if self._http is not None:
+            await self._http.close()
 
     def add(self, url: str) -> Replica:
         """Start watching a replica (its first poll makes it available)."""
@@ -88,10 +100,12 @@ class ReplicaSet:
         return True
 
     async def get_json(self, replica: Replica, path: str, timeout: float = POLL_TIMEOUT_S) -> Any:
-        """``GET`` a replica's JSON endpoint; httpx.HTTPError (HTTPStatusError for a non-200)."""
-        response = await self.http.get(replica.url + path, headers=self.headers, timeout=timeout)
-        response.raise_for_status()
-        return response.json()
+        """``GET`` a replica's JSON endpoint; UPSTREAM_ERRORS (ClientResponseError for a non-200),
+        ValueError for a body that is not JSON."""
+        bound = aiohttp.ClientTimeout(total=timeout)
+        async with self.http.get(replica.url + path, headers=self.headers, timeout=bound) as response:
+            response.raise_for_status()
+            return json.loads(await response.read())
 
     # ------------------------------------------------------------ health and load
 
@@ -107,10 +121,10 @@ class ReplicaSet:
                     replica.load.polled(load["prefilling_tokens"] + load["waiting_tokens"])
                     replica.poll_passed()
                     behind_at = self._check_events(replica, load, behind_at)
-                except httpx.TimeoutException:
+                except asyncio.TimeoutError:
                     # its router answers between steps, and a step can be long: busy, not gone
                     replica.poll_slow()
-                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                except (*UPSTREAM_ERRORS, ValueError, KeyError) as exc:
                     if replica.healthy:
                         logger.warning("replica %s is down: %s", replica.url, exc)
                     replica.poll_failed(f"{type(exc).__name__}: {exc}")
@@ -194,7 +208,7 @@ class ReplicaSet:
         """Load the router's snapshot; the events it already covers are skipped as they arrive."""
         try:
             snapshot = await self.get_json(replica, "/cache_blocks", timeout=SNAPSHOT_TIMEOUT_S)
-        except (httpx.HTTPError, ValueError) as exc:
+        except (*UPSTREAM_ERRORS, ValueError) as exc:
             logger.warning("replica %s: no cache snapshot: %s", replica.url, exc)
             await asyncio.sleep(self.config.health.interval_s)
             return

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -20,6 +19,7 @@ from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PromptReader
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
 from radixcluster.router.api.control_schemas import AbortIn
 from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
 from radixcluster.router.api.metrics import CONTENT_TYPE
@@ -61,23 +61,23 @@ def _available(ctx: GatewayContext) -> list[Replica]:
 
 async def _each(
     ctx: GatewayContext, method: str, path: str, content: bytes | None = None
-) -> dict[str, httpx.Response | BaseException]:
+) -> dict[str, Answer | BaseException]:
     """Ask every available replica, concurrently."""
     http, headers = ctx.replicas.http, ctx.replicas.headers
     replicas = _available(ctx)
     answers = await asyncio.gather(
-        *(http.request(method, r.url + path, content=content, headers=headers) for r in replicas),
+        *(fetch(http, method, r.url + path, headers, content) for r in replicas),
         return_exceptions=True,
     )
     return dict(zip((r.url for r in replicas), answers))
 
 
-def _failures(answers: dict[str, httpx.Response | BaseException]) -> str | None:
+def _failures(answers: dict[str, Answer | BaseException]) -> str | None:
     """The replicas that did not answer 200, and why; None when all did."""
     failed = {
-        url: (a.text if isinstance(a, httpx.Response) else f"{type(a).__name__}: {a}")
+        url: (a.text if isinstance(a, Answer) else f"{type(a).__name__}: {a}")
         for url, a in answers.items()
-        if not isinstance(a, httpx.Response) or a.status_code != 200
+        if not isinstance(a, Answer) or a.status != 200
     }
     if not failed:
         return None
@@ -90,14 +90,16 @@ async def _ask_one(ctx: GatewayContext, method: str, path: str, content: bytes |
     errors = []
     for replica in _available(ctx):
         try:
-            answer = await ctx.replicas.http.request(
-                method, replica.url + path, content=content, headers=ctx.replicas.headers
-            )
-        except httpx.TransportError as exc:
+            answer = await fetch(ctx.replicas.http, method, replica.url + path, ctx.replicas.headers, content)
+        except UPSTREAM_ERRORS as exc:
             errors.append(f"{replica.url}: {type(exc).__name__}: {exc}")
             continue
-        return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+        return _passed_on(answer)
     return error_response(503, "no replica answered: " + "; ".join(errors))
+
+
+def _passed_on(answer: Answer) -> Response:
+    return Response(answer.content, answer.status, media_type=answer.content_type)
 
 
 def _summed(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -142,12 +144,16 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def health_generate() -> Response:
         replica = _available(ctx)[0]
         try:
-            answer = await ctx.replicas.http.get(
-                replica.url + "/health_generate", headers=ctx.replicas.headers, timeout=HEALTH_GENERATE_TIMEOUT_S
+            answer = await fetch(
+                ctx.replicas.http,
+                "GET",
+                replica.url + "/health_generate",
+                ctx.replicas.headers,
+                timeout=HEALTH_GENERATE_TIMEOUT_S,
             )
-        except httpx.HTTPError as exc:
-            return error_response(503, f"unhealthy: {replica.url}: {exc}")
-        return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+        except UPSTREAM_ERRORS as exc:
+            return error_response(503, f"unhealthy: {replica.url}: {type(exc).__name__}: {exc}")
+        return _passed_on(answer)
 
     @router.get("/server_info")
     @router.get("/get_server_info")
@@ -196,13 +202,13 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def cache_info() -> dict[str, Any]:
         """The replicas' counters summed, each replica's own, and the gateway's predictions."""
         answers = await _each(ctx, "GET", "/cache_info")
-        infos = {url: a.json() for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
+        infos = {url: a.json() for url, a in answers.items() if isinstance(a, Answer) and a.status == 200}
         return {**_summed(infos), "replicas": infos, "gateway": ctx.forwarder.ledger.summary()}
 
     @router.get("/metrics")
     async def metrics() -> Response:
         answers = await _each(ctx, "GET", "/metrics") if any(r.available for r in ctx.replicas.list()) else {}
-        texts = {url: a.text for url, a in answers.items() if isinstance(a, httpx.Response) and a.status_code == 200}
+        texts = {url: a.text for url, a in answers.items() if isinstance(a, Answer) and a.status == 200}
         return Response(ctx.metrics.render(ctx.replicas.list(), texts), media_type=CONTENT_TYPE)
 
     @router.get("/replicas")

@@ -9,13 +9,12 @@ import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
 
 from radixcluster import __version__
 from radixcluster.gateway.config import GatewayConfig
-from radixcluster.gateway.forwarding import CONNECT_TIMEOUT_S, Forwarder
+from radixcluster.gateway.forwarding import Forwarder
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.prompts import PromptReader
 from radixcluster.gateway.replica_set import ReplicaSet
@@ -29,18 +28,15 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(config: GatewayConfig) -> FastAPI:
-    """The gateway app; it starts watching the replicas when the app starts (lifespan)."""
-    # generations run as long as they run: only connecting is bounded
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), limits=httpx.Limits(max_connections=None)
-    )
-    replicas = ReplicaSet(config, http)
+    """The gateway app; it starts watching the replicas (and opens its connections to them)
+    when the app starts (lifespan)."""
+    replicas = ReplicaSet(config)
     metrics = GatewayMetrics()
     ctx = GatewayContext(
         config=config,
         replicas=replicas,
         reader=PromptReader(load_tokenizer(config.model_path)),
-        forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, http),
+        forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics),
         metrics=metrics,
     )
 
@@ -51,7 +47,6 @@ def create_app(config: GatewayConfig) -> FastAPI:
             yield
         finally:
             await replicas.close()
-            await http.aclose()
 
     app = FastAPI(title="radixcluster gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)

@@ -32,9 +32,9 @@ def test_a_failed_poll_takes_the_replica_out_and_forgets_its_cache() -> None:
     replica = Replica("http://10.0.0.7:30000", HealthTunables())
     replica.poll_passed()
     replica.view.load_snapshot("i", 3, 16, np.arange(5, dtype=np.uint64))
-    replica.poll_failed("ConnectError: refused")
+    replica.poll_failed("ClientConnectorError: refused")
     assert not replica.available and not replica.view.synced and replica.view.cached == set()
-    assert replica.describe()["last_error"] == "ConnectError: refused"
+    assert replica.describe()["last_error"] == "ClientConnectorError: refused"
 
 
 def test_a_slow_poll_keeps_a_busy_replica_in() -> None:

@@ -1,0 +1,70 @@
+"""The gateway's HTTP client to its replicas: one aiohttp session (a pool of keep-alive
+connections) for the gateway's life, answers read whole, and the failures a replica's
+connection can end in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+CONNECT_TIMEOUT_S = 5.0
+# a replica that cannot be reached, breaks a connection off or runs past a timeout
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def open_session() -> aiohttp.ClientSession:
+    """The session every call to a replica goes through; opened inside the event loop that
+    uses it. Generations run as long as they run: only connecting is bounded."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+    )
+
+
+@dataclass(slots=True)
+class Answer:
+    """A replica's whole answer."""
+
+    status: int
+    content: bytes
+    content_type: str | None
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+async def fetch(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    content: bytes | None = None,
+    timeout: float | None = None,
+) -> Answer:
+    """One request, its answer read whole; ``timeout`` bounds all of it (UPSTREAM_ERRORS)."""
+    bound = aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_TIMEOUT_S)
+    async with http.request(
+        method, url, data=content, headers=headers, allow_redirects=False, timeout=bound
+    ) as response:
+        return Answer(response.status, await response.read(), response.headers.get("Content-Type"))
+
+
+async def lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The lines of a streamed answer as they arrive, without their line ends (any length:
+    aiohttp's own line reader refuses a line longer than its buffer)."""
+    pending = b""
+    async for chunk in response.content.iter_any():
+        *complete, pending = (pending + chunk).split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r")
+    if pending:
+        yield pending.rstrip(b"\r")
