@@ -212,6 +212,7 @@ class Launcher:
             dtype=plan.dtype,
             max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
+            step_timeout_s=args.step_timeout,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

@@ -58,6 +58,7 @@ class ServerArgs:
     dp_size: int = 1
     log_level: str = "warning"
     shutdown_timeout: float = 30.0
+    step_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -88,6 +89,8 @@ class ServerArgs:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.step_timeout <= 0:
+            raise ValueError(f"--step-timeout must be > 0, got {self.step_timeout}")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +192,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.shutdown_timeout,
         help="seconds that requests in flight get to finish after SIGTERM before they end with an error",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=d.step_timeout,
+        help="seconds one step may take before the TP group counts as hung and the replica stops",
     )
     for flag in DEFAULT_NAMING_FLAGS:
         parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")

@@ -56,6 +56,11 @@ IDLE_POLL_MS = 100
 COMPILING_POLL_MS = 10
 
 
+class GroupHung(Exception):
+    """Rank 0 gave no result within the step timeout: a rank hangs (a stopped process, a
+    collective that never completes). Not one step's failure: the whole group is lost."""
+
+
 @dataclass(slots=True)
 class RouterAddresses:
     """ZeroMQ endpoints, all bound by the router."""
@@ -84,6 +89,7 @@ class RouterConfig:
     dtype: str
     max_queued_requests: int  # waiting (and compiling) requests beyond which new ones get a 429
     log_level: str = "warning"
+    step_timeout_s: float = 600.0  # a step without a result for this long: the TP group is hung
 
 
 class Router:
@@ -190,6 +196,8 @@ class Router:
         outputs = self._admit_compiled()
         try:
             outputs += self._step(execute)
+        except GroupHung:
+            raise  # no later step can run: the process ends (run_router)
         except Exception:
             failed = (
                 self._batch.requests if self._batch is not None else self.scheduler.running + self.scheduler.prefilling
@@ -352,7 +360,8 @@ def _aborted(rid: str, message: str, status: int) -> RequestOutput:
 class RouterSockets:
     """The four ZeroMQ sockets the router binds, and a remote executor over two of them."""
 
-    def __init__(self, addresses: RouterAddresses) -> None:
+    def __init__(self, addresses: RouterAddresses, step_timeout_s: float = 600.0) -> None:
+        self.step_timeout_ms = int(step_timeout_s * 1000)
         self.ctx = zmq.Context()
         self.requests = self._bind(zmq.PULL, addresses.request)
         self.outputs = self._bind(zmq.PUSH, addresses.output)
@@ -372,6 +381,9 @@ class RouterSockets:
 
     def execute(self, batch: ForwardBatch) -> StepResult:
         self.batches.send(encode(batch))
+        if not self.results.poll(self.step_timeout_ms):
+            timeout_s = self.step_timeout_ms / 1000
+            raise GroupHung(f"step {batch.step_id} got no result within --step-timeout {timeout_s:g} s")
         result = decode(self.results.recv())
         if result.step_id != batch.step_id:
             raise RuntimeError(f"rank 0 answered step {result.step_id}, expected {batch.step_id}")
@@ -419,7 +431,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the launcher decides when we stop, after the api drained
     router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)
-    sockets = RouterSockets(addresses)
+    sockets = RouterSockets(addresses, config.step_timeout_s)
     if router.tree_events is not None:
         router.tree_events.address = sockets.events_address()
     sockets.poller.register(control.fileno(), zmq.POLLIN)
@@ -438,7 +450,14 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
                     answers = router.submit(_decode_or_none(frame))
                     sockets.publish(router.tree_events)  # a flush's evictions precede its answer
                     sockets.send(answers)
-            outputs = router.step(sockets.execute)
+            try:
+                outputs = router.step(sockets.execute)
+            except GroupHung as exc:
+                # fail-stop: every request ends with the reason, and the launcher, seeing this
+                # process exit, tears the replica down instead of waiting on a hung group forever
+                logger.error("the TP group is hung: %s; stopping", exc)
+                sockets.send(router.abort_all(f"the model workers hung ({exc})", 503), block=False)
+                raise SystemExit(1) from exc
             sockets.publish(router.tree_events)  # a prefix is announced before its request's output
             sockets.send(outputs)
         sockets.send(router.abort_all(SHUTDOWN_MESSAGE, 503), block=False)

@@ -219,9 +219,16 @@ def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:
         helm.template(CHART, sets=("server.shutdownTimeout=45",))  # the default 60 s cannot hold it
 
 
+def test_the_step_timeout_reaches_the_server(helm: Helm) -> None:
+    """The hung-group watchdog: the server's default unless set."""
+    assert server_args(helm.template(CHART)).step_timeout == 600
+    assert server_args(helm.template(CHART, sets=("server.stepTimeout=120",))).step_timeout == 120
+
+
 def test_bad_values_are_refused(helm: Helm) -> None:
     for sets in (
         ("server.tpSize=0",),
+        ("server.stepTimeout=0",),
         ("model.source=s3",),
         ("model.source=pvc",),
         ("server.schedulePolicy=random",),

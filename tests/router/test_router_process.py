@@ -24,7 +24,7 @@ from radixcluster.protocol import (
     SamplingParams,
     StepResult,
 )
-from radixcluster.router.router_process import Router, RouterConfig
+from radixcluster.router.router_process import GroupHung, Router, RouterAddresses, RouterConfig, RouterSockets
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
@@ -363,6 +363,21 @@ def test_a_failing_step_fails_its_batch_and_the_router_serves_on(router, runner)
     assert all("the executor broke" not in out.error for out in outputs)  # internals stay in the log
     assert stats(router)["aborted_requests_total"] == 2
     assert_serves(router, runner)
+
+
+def test_a_step_without_a_result_is_a_hung_group_not_a_failed_batch(router, runner, tmp_path):
+    """The watchdog: real sockets with no rank 0 behind them. The step's wait ends after
+    --step-timeout with GroupHung, which the router lets through (run_router fail-stops on it)
+    instead of failing the batch and sending the next one to the hung group."""
+    addresses = RouterAddresses(*(f"ipc://{tmp_path}/{name}" for name in ("in", "out", "batch", "result")))
+    sockets = RouterSockets(addresses, step_timeout_s=0.05)
+    try:
+        router.submit(request("Hung:", sampling={"max_new_tokens": 4}))
+        with pytest.raises(GroupHung, match=r"got no result within --step-timeout 0.05 s"):
+            router.step(sockets.execute)
+        assert stats(router)["aborted_requests_total"] == 0  # run_router ends them, with the reason
+    finally:
+        sockets.ctx.destroy(linger=0)
 
 
 def test_a_full_queue_answers_429(config):
