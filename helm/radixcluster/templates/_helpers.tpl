@@ -105,6 +105,10 @@ key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command
 - {{ printf "--%s=%v" $flag . | quote }}
 {{- end }}
 {{- end }}
+{{- if not (kindIs "invalid" $s.maxWorkerRestarts) }}
+{{- /* 0 is a value here (no restart in place), which `with` would skip */}}
+- --max-worker-restarts={{ int64 $s.maxWorkerRestarts }}
+{{- end }}
 {{- if $s.disableRadixCache }}
 - --disable-radix-cache
 {{- end }}
