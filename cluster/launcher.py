@@ -1,5 +1,7 @@
 """`radixcluster up`: size the KV pool, start the TP workers (Ray), the router and the api
-processes, supervise them, and tear all of it down on SIGTERM/Ctrl-C or when one dies.
+processes, supervise them, and tear all of it down on SIGTERM/Ctrl-C or when the router or the
+api dies. A TP group that loses a rank is replaced in place (the router asks for it, or is told a
+rank died), while the router keeps every request.
 
 A stop drains: the api refuses new requests (503) while those in flight finish, for up to
 ``--shutdown-timeout``, then ends the rest with an error; only then do the router and the workers
@@ -22,6 +24,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
+from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs, load_tenant_keys
 
@@ -80,7 +83,8 @@ class Launcher:
         self.plan: Plan | None = None
         self.workers: RayWorkers | None = None
         self.router: BaseProcess | None = None
-        self.router_control: Connection | None = None  # "stop" or closing it stops the router
+        self.router_control: Connection | None = None  # Shutdown or closing it stops the router
+        self.group_up = False
         self.api: BaseProcess | None = None
         self.stopping = threading.Event()
         self.started = False
@@ -90,10 +94,10 @@ class Launcher:
         self._handle_signals()
         failed = True
         try:
-            router, api, workers = self._start()
+            router, api = self._start()
             self.started = True
             print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
-            failed = self._supervise(router, api, workers)
+            failed = self._supervise(router, api)
             return 1 if failed else 0
         except _StopDuringStartup:
             return 0
@@ -111,7 +115,7 @@ class Launcher:
         if not self.started:
             raise _StopDuringStartup  # interrupts loading wherever it blocks
 
-    def _start(self) -> tuple[BaseProcess, BaseProcess, RayWorkers]:
+    def _start(self) -> tuple[BaseProcess, BaseProcess]:
         """Start every process (each is also kept on self, so a stop mid-start stops it)."""
         from radixcluster import ray_cluster
         from radixcluster.router.api.server import ApiConfig, run_api_server
@@ -129,7 +133,9 @@ class Launcher:
         )
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
-        self.workers = workers = ray_cluster.start_workers(self._worker_configs(plan), use_gpu=plan.device == "cuda")
+        self.workers = workers = ray_cluster.start_workers(
+            self._worker_configs(plan, generation=0), use_gpu=plan.device == "cuda"
+        )
         addresses = RouterAddresses(
             request=plan.address("router_in"),
             output=plan.address("router_out"),
@@ -140,8 +146,9 @@ class Launcher:
         self.router_control, child = mp.get_context("spawn").Pipe()
         self.router = router = _start_process(run_router, self._router_config(plan), addresses, child)
         child.close()  # the router's end: once the router is gone, our end reads EOF
-        workers.serve_refs = ray_cluster.load_and_serve(workers)
-        if not self.router_control.poll(120) or self.router_control.recv() != "ready":
+        ray_cluster.load_and_serve(workers)
+        self.group_up = True
+        if not self.router_control.poll(120) or not isinstance(decode(self.router_control.recv_bytes()), RouterReady):
             raise RuntimeError("the router process did not come up")
         self.api = api = _start_process(
             run_api_server,
@@ -158,9 +165,9 @@ class Launcher:
             ),
         )
         self._wait_api_ready(api)
-        return router, api, workers
+        return router, api
 
-    def _worker_configs(self, plan: Plan) -> list[WorkerConfig]:
+    def _worker_configs(self, plan: Plan, generation: int) -> list[WorkerConfig]:
         import torch
 
         from radixcluster.worker.model_runner import RunnerConfig
@@ -189,7 +196,11 @@ class Launcher:
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
                 num_threads=threads,
-                env=omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
+                generation=generation,
+                env={
+                    **omp_env(threads, None if rank_cpus is None else rank_cpus[rank]),
+                    "RADIXCLUSTER_TP_RANK": str(rank),  # names the rank's process (ps e, /proc/PID/environ)
+                },
             )
             for rank in range(args.tp_size)
         ]
@@ -216,6 +227,8 @@ class Launcher:
             log_level=args.log_level,
             cache_page_text=args.cache_page_text,
             max_pinned_fraction=args.max_pinned_fraction,
+            step_timeout_s=args.step_timeout,
+            max_worker_restarts=args.max_worker_restarts,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:
@@ -232,14 +245,65 @@ class Launcher:
                 pass
             time.sleep(0.2)
 
-    def _supervise(self, router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> bool:
-        """Watch the replica until a stop is asked for (False) or a part of it ends (True)."""
+    def _supervise(self, router: BaseProcess, api: BaseProcess) -> bool:
+        """Watch the replica until a stop is asked for (False) or the router or the api ends
+        (True); replace the TP group whenever it is lost."""
         while not self.stopping.wait(0.5):
-            failed = self._failed_part(router, api, workers)
+            failed = self._failed_part(router, api)
             if failed is not None:
                 logger.error("%s; shutting down", failed)
                 return True
+            self._watch_group()
         return False
+
+    def _watch_group(self) -> None:
+        """Replace the group when the router asks (it decides: it knows the restart budget), and
+        tell it when a rank has stopped (the router may be waiting for that rank's result)."""
+        from radixcluster import ray_cluster
+
+        assert self.workers is not None and self.router_control is not None
+        try:
+            while self.router_control.poll():
+                msg = decode(self.router_control.recv_bytes())
+                if isinstance(msg, RestartGroup) and msg.generation == self.workers.generation:
+                    self._replace_group(msg.reason)
+        except (EOFError, OSError):
+            return  # the router is gone: _failed_part says so next
+        if self.group_up:
+            stopped = ray_cluster.stopped_rank(self.workers)
+            if stopped is not None:
+                self._group_down(stopped)
+
+    def _group_down(self, reason: str) -> None:
+        """Kill what is left of the group and tell the router why it is gone."""
+        from radixcluster import ray_cluster
+
+        assert self.workers is not None and self.router_control is not None
+        logger.error("TP group %d lost: %s", self.workers.generation, reason)
+        self.group_up = False
+        ray_cluster.kill_actors(self.workers)
+        with contextlib.suppress(OSError):
+            self.router_control.send_bytes(encode(GroupDown(self.workers.generation, reason)))
+
+    def _replace_group(self, reason: str) -> None:
+        """Start the next generation of the group in the same placement and load it; if it cannot
+        start, that is one more loss the router counts."""
+        from radixcluster import ray_cluster
+
+        assert self.workers is not None and self.plan is not None and self.router_control is not None
+        old = self.workers
+        logger.warning("replacing TP group %d (%s)", old.generation, reason)
+        self.group_up = False
+        self.workers = ray_cluster.replace_workers(old, self._worker_configs(self.plan, old.generation + 1))
+        try:
+            ray_cluster.load_and_serve(self.workers)
+        except Exception as exc:  # a rank that died or raised while loading
+            self._group_down(f"the new group did not start: {ray_cluster.first_line(exc)}")
+            return
+        self.group_up = True
+        logger.warning("TP group %d serves", self.workers.generation)
+        with contextlib.suppress(OSError):
+            self.router_control.send_bytes(encode(GroupUp(self.workers.generation)))
 
     def _signal_api(self, sig: int) -> None:
         """SIGTERM: the api drains; SIGINT: it ends its requests with an error now."""
@@ -248,15 +312,12 @@ class Launcher:
                 os.kill(self.api.pid, sig)
 
     @staticmethod
-    def _failed_part(router: BaseProcess, api: BaseProcess, workers: RayWorkers) -> str | None:
-        """What of the replica has stopped, or None."""
-        import ray
-
+    def _failed_part(router: BaseProcess, api: BaseProcess) -> str | None:
+        """Which of the router and the api has stopped, or None."""
         for name, process in (("router", router), ("api", api)):
             if not process.is_alive():
                 return f"the {name} process exited (code {process.exitcode})"
-        done, _ = ray.wait(workers.serve_refs, timeout=0)
-        return "a TP worker stopped" if done else None
+        return None
 
     def _stop(self, drain: bool) -> None:
         """The api first (it drains unless a part failed: requests that cannot finish end at
@@ -268,7 +329,8 @@ class Launcher:
             _join_or_kill(self.api, self.args.shutdown_timeout + STOP_GRACE_S)
         if self.router is not None and self.router.is_alive():
             assert self.router_control is not None
-            self.router_control.send("stop")
+            with contextlib.suppress(OSError):
+                self.router_control.send_bytes(encode(Shutdown()))
             _join_or_kill(self.router, STOP_GRACE_S)
         started = descendants(os.getpid())
         ray_cluster.stop_workers(self.workers)

@@ -241,7 +241,7 @@ class StepResult:
     """Rank 0 -> router: the sampled token of every request of step ``step_id``."""
 
     step_id: int
-    next_token_ids: np.ndarray | None  # int32 [B]; None when error is set
+    next_token_ids: np.ndarray  # int32 [B]
     # float32 [B]: log-softmax of the raw logits at the chosen token (when asked)
     logprobs: np.ndarray | None = None
     top_logprob_ids: np.ndarray | None = None  # int32 [B, K]
@@ -252,13 +252,63 @@ class StepResult:
     # of the requests that ask for input logprobs; None when K == 0
     input_top_logprob_ids: np.ndarray | None = None  # int32
     input_top_logprob_values: np.ndarray | None = None  # float32
-    error: str | None = None
+
+
+@message
+@dataclass(slots=True)
+class RankFailed:
+    """Any rank -> router (on the results socket): a step raised on this rank. The ranks'
+    collectives are out of step from here on, so the rank leaves its loop and the group is
+    replaced; ``error`` is the exception's type and message."""
+
+    rank: int
+    step_id: int
+    error: str
 
 
 @message
 @dataclass(slots=True)
 class Shutdown:
-    """Stop the receiving loop."""
+    """Stop the receiving loop (the router's to rank 0, the launcher's to the router)."""
+
+
+# ---------------------------------------------------------------- launcher <-> router
+# (over the router's control pipe: the launcher owns the TP group's processes, the router owns
+# the requests, and these say when the one must be replaced for the other to go on)
+
+
+@message
+@dataclass(slots=True)
+class RouterReady:
+    """Router -> launcher: the sockets are bound, rank 0 may connect."""
+
+
+@message
+@dataclass(slots=True)
+class GroupDown:
+    """Launcher -> router: group ``generation`` lost a rank (``reason`` names it) and its
+    processes are killed; the router re-queues its requests and answers ``RestartGroup``, or
+    exits when the restart budget is spent."""
+
+    generation: int
+    reason: str
+
+
+@message
+@dataclass(slots=True)
+class RestartGroup:
+    """Router -> launcher: replace group ``generation`` (hung, failed or dead: ``reason``)."""
+
+    generation: int
+    reason: str
+
+
+@message
+@dataclass(slots=True)
+class GroupUp:
+    """Launcher -> router: group ``generation`` has loaded and serves; steps may run again."""
+
+    generation: int
 
 
 # ---------------------------------------------------------------- encoding

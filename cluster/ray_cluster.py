@@ -1,17 +1,21 @@
-"""Ray's part: start a quiet local instance (or join one), place one TP group on one node, start
-and watch the rank actors. Per-step traffic never goes through Ray."""
+"""Ray's part: start a quiet local instance (or join one), place one TP group on one node, start,
+watch and replace the rank actors. Per-step traffic never goes through Ray."""
 
 from __future__ import annotations
 
 import logging
 import os
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from radixcluster.process_tree import is_running, kill_survivors
 
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60
+KILL_WAIT_S = 10  # a killed rank's process is gone within this (SIGKILL, reaped by Ray's raylet)
 
 
 class RayPlacementError(RuntimeError):
@@ -24,7 +28,10 @@ class RayWorkers:
 
     actors: list[Any]
     placement_group: Any
+    bundle: dict[str, float]
+    generation: int = 0  # 0 for the first group, +1 for each replacement
     serve_refs: list[Any] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)  # the ranks' processes, in rank order
 
 
 def quiet_ray_env() -> None:
@@ -99,9 +106,6 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
     """
     import ray
     from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    from radixcluster.worker.worker_process import TPWorker
 
     tp_size = len(worker_configs)
     bundle: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 0.01}
@@ -117,6 +121,15 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
             f"Ray cannot place {tp_size} x {bundle} on one node within {timeout_s:.0f}s; "
             f"cluster resources: {ray.cluster_resources()}"
         )
+    return _start_actors(pg, bundle, worker_configs, generation=0)
+
+
+def _start_actors(pg: Any, bundle: dict[str, float], worker_configs: list[Any], generation: int) -> RayWorkers:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from radixcluster.worker.worker_process import TPWorker
+
     actor_cls = ray.remote(TPWorker)
     actors = [
         actor_cls.options(
@@ -128,7 +141,14 @@ def start_workers(worker_configs: list[Any], use_gpu: bool, timeout_s: float = P
         ).remote(cfg)
         for i, cfg in enumerate(worker_configs)
     ]
-    return RayWorkers(actors=actors, placement_group=pg)
+    return RayWorkers(actors=actors, placement_group=pg, bundle=bundle, generation=generation)
+
+
+def replace_workers(old: RayWorkers, worker_configs: list[Any]) -> RayWorkers:
+    """Kill group ``old`` (what is left of it) and start the next generation's actors in its
+    placement group, whose bundles the dead ones give back; ``load_and_serve`` them next."""
+    kill_actors(old)
+    return _start_actors(old.placement_group, old.bundle, worker_configs, old.generation + 1)
 
 
 def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> None:
@@ -144,16 +164,56 @@ def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> N
         raise RayPlacementError(f"the Ray node {node[5:]} cannot host --tp-size {tp_size}: it needs {need}")
 
 
-def load_and_serve(workers: RayWorkers) -> list[Any]:
-    """Load every rank's shard (concurrently: they rendezvous), then start their serving loops.
-
-    Returns the loops' object refs: one finishing means its rank stopped.
-    """
+def load_and_serve(workers: RayWorkers) -> None:
+    """Load every rank's shard (concurrently: they rendezvous), then start their serving loops,
+    whose object refs go to ``workers.serve_refs`` (one finishing means its rank stopped).
+    Raises what a rank's start raised (a Ray error when its process died)."""
     import ray
 
+    workers.pids = ray.get([actor.pid.remote() for actor in workers.actors])
     port = ray.get(workers.actors[0].open_rendezvous.remote())
-    ray.get([actor.load.remote(port) for actor in workers.actors])
-    return [actor.serve.remote() for actor in workers.actors]
+    pending = [actor.load.remote(port) for actor in workers.actors]
+    while pending:  # the first failure, not the others' rendezvous timeout with the failed rank
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done[0])
+    workers.serve_refs = [actor.serve.remote() for actor in workers.actors]
+
+
+def stopped_rank(workers: RayWorkers) -> str | None:
+    """Which rank's serving loop has ended and why (its process died, or a step failed there),
+    or None while every rank serves."""
+    import ray
+
+    done, _ = ray.wait(workers.serve_refs, timeout=0)
+    if not done:
+        return None
+    rank = workers.serve_refs.index(done[0])
+    try:
+        ray.get(done[0])
+    except ray.exceptions.RayActorError as exc:
+        return f"rank {rank} died ({first_line(exc)})"
+    except ray.exceptions.RayError as exc:
+        return f"rank {rank} failed ({first_line(exc)})"
+    return f"rank {rank} left its loop after a failed step"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception in one line (Ray's carry the remote traceback below)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def kill_actors(workers: RayWorkers) -> None:
+    """Kill every rank of the group and wait for their processes to be gone: through Ray, and
+    with SIGKILL to the processes themselves, since a stopped or hung one answers nothing."""
+    import ray
+
+    for actor in workers.actors:
+        ray.kill(actor, no_restart=True)
+    kill_survivors(set(workers.pids), grace_s=0)
+    end = time.monotonic() + KILL_WAIT_S
+    while any(is_running(pid) for pid in workers.pids) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def stop_workers(workers: RayWorkers | None) -> None:
@@ -164,7 +224,6 @@ def stop_workers(workers: RayWorkers | None) -> None:
     if not ray.is_initialized():
         return
     if workers is not None:
-        for actor in workers.actors:
-            ray.kill(actor, no_restart=True)
+        kill_actors(workers)
         ray.util.remove_placement_group(workers.placement_group)
     ray.shutdown()

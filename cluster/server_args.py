@@ -65,6 +65,8 @@ class ServerArgs:
     dp_size: int = 1
     log_level: str = "warning"
     shutdown_timeout: float = 30.0
+    step_timeout: float = 600.0
+    max_worker_restarts: int = 3
 
     def __post_init__(self) -> None:
         positive = (
@@ -105,6 +107,10 @@ class ServerArgs:
                 raise ValueError("--api-key-file names one replica's tenants; it does not work with --dp-size")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        if self.step_timeout <= 0:
+            raise ValueError(f"--step-timeout must be > 0, got {self.step_timeout}")
+        if self.max_worker_restarts < 0:
+            raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -227,6 +233,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.shutdown_timeout,
         help="seconds that requests in flight get to finish after SIGTERM before they end with an error",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=d.step_timeout,
+        help="seconds one step may take before the TP group counts as hung and is replaced",
+    )
+    parser.add_argument(
+        "--max-worker-restarts",
+        type=int,
+        default=d.max_worker_restarts,
+        help="TP group losses in a row (no step completed in between) repaired by a new group; one more stops the replica",
     )
     for flag in DEFAULT_NAMING_FLAGS:
         parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")

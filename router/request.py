@@ -46,6 +46,7 @@ class Request:
     cached_tokens: int = field(default=0, init=False)
     admitted_once: bool = field(default=False, init=False)
     retractions: int = field(default=0, init=False)
+    group_losses: int = field(default=0, init=False)  # TP groups lost while it was admitted
     # per output token when return_logprob: [logprob, token id, [[top logprob, top id], ...]]
     output_logprobs: list[list[Any]] = field(default_factory=list, init=False)
     # input_logprobs[i]: logprob of prompt token logprob_start_len + 1 + i (complete after prefill)

@@ -3,8 +3,10 @@ requests, runs one step at a time against rank 0 over ZeroMQ, and streams output
 
 No request can end the process: each api message and each step is guarded, and what cannot be
 served ends with an error to its own client (400 for the client's fault, 500 for ours, 429 when the
-queue is full) while everyone else goes on. The launcher alone stops it (a word on the control
-pipe, or the pipe closing when the launcher dies)."""
+queue is full) while everyone else goes on. Nor can the loss of the TP group (a rank dead, hung or
+failed): its requests go back to the queue with the tokens they streamed, the launcher replaces the
+group, and they go on where they were. The launcher alone stops the router (Shutdown on the
+control pipe, or the pipe closing when the launcher dies)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,11 @@ from radixcluster.protocol import (
     ControlResponse,
     ForwardBatch,
     GenerateRequest,
+    GroupDown,
+    GroupUp,
     RequestOutput,
+    RestartGroup,
+    RouterReady,
     Shutdown,
     StepResult,
     decode,
@@ -36,9 +42,11 @@ from radixcluster.router.batch_builder import ScheduledBatch
 from radixcluster.router.cache_control import CacheControl
 from radixcluster.router.grammar import GrammarCache, requested_grammar
 from radixcluster.router.grammar_waits import GrammarWaits
+from radixcluster.router.group_health import GroupHealth
 from radixcluster.router.output_streams import OutputStreams
 from radixcluster.router.request import Request
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
+from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets, StepAbandoned
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.step_times import StepTimes
 from radixcluster.router.text.tokenizer import load_tokenizer
@@ -47,7 +55,6 @@ from radixcluster.router.tree_events import TreeEventLog
 logger = logging.getLogger(__name__)
 
 Executor = Callable[[ForwardBatch], StepResult]
-EVENTS_HWM = 100_000
 # what a request that waits for its grammar carries until it can be queued
 Pending = tuple[GenerateRequest, Request, "str | None"]
 
@@ -55,17 +62,9 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 # how long the loop sleeps in a poll: idle, or only waiting for grammars to compile
 IDLE_POLL_MS = 100
 COMPILING_POLL_MS = 10
-
-
-@dataclass(slots=True)
-class RouterAddresses:
-    """ZeroMQ endpoints, all bound by the router."""
-
-    request: str  # the api PUSHes GenerateRequest/AbortRequest/ControlRequest
-    output: str  # the api PULLs RequestOutput/ControlResponse
-    batch: str  # rank 0 PULLs ForwardBatch
-    result: str  # rank 0 PUSHes StepResult
-    events: str | None = None  # gateways SUBscribe to TreeEvent here (tcp://); None: not published
+# a request admitted when the group was lost this many times ends with an error instead of being
+# re-queued again: it may be what makes the group fail
+MAX_LOSSES_PER_REQUEST = 2
 
 
 @dataclass(slots=True)
@@ -87,6 +86,8 @@ class RouterConfig:
     log_level: str = "warning"
     cache_page_text: bool = False  # the cache page's tree shows each node's first tokens as text
     max_pinned_fraction: float = 0.5  # of the KV pool, the most that pinned prefixes may hold
+    step_timeout_s: float = 600.0  # a step without a result for this long: the TP group is hung
+    max_worker_restarts: int = 3  # group losses in a row the launcher repairs; one more ends the replica
 
 
 class Router:
@@ -120,6 +121,7 @@ class Router:
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo)
         self.step_times = StepTimes()
+        self.group = GroupHealth(config.max_worker_restarts)
         self.aborted_total = 0
         self._batch: ScheduledBatch | None = None  # the step in progress
 
@@ -152,6 +154,8 @@ class Router:
             raise RequestRejected(f"request id {msg.rid!r} is already running")
         queued = self.queued()
         if queued >= self.config.max_queued_requests:
+            if not self.group.up:
+                return [_failed(msg.rid, f"{self._group_down_message()}; {queued} requests wait; retry later", 503)]
             return [_failed(msg.rid, f"the server is busy: {queued} requests are queued; retry later", 429)]
         request, prompt_text = self.intake.make_request(msg)
         key = requested_grammar(msg.sampling)
@@ -183,7 +187,7 @@ class Router:
 
     def poll_timeout_ms(self) -> int:
         """How long the loop may wait for a message before it must step again."""
-        if not self.scheduler.is_idle():
+        if not self.scheduler.is_idle() and self.group.up:
             return 0
         return COMPILING_POLL_MS if self.compiling else IDLE_POLL_MS
 
@@ -194,6 +198,8 @@ class Router:
         outputs = self._admit_compiled()
         try:
             outputs += self._step(execute)
+        except StepAbandoned:
+            raise  # not this batch's fault: run_router asks the launcher for a new group
         except Exception:
             failed = (
                 self._batch.requests if self._batch is not None else self.scheduler.running + self.scheduler.prefilling
@@ -211,16 +217,36 @@ class Router:
         if batch is None:
             return []
         result = execute(batch.forward)
+        self.group.stepped()
         advanced = self.scheduler.process_result(batch, result)
-        if result.error is not None:
-            logger.error("step %d failed on the worker: %s", result.step_id, result.error)
-            self.aborted_total += len(advanced)
-            message = f"internal error in the model worker: {result.error}"
-            outputs = [self.streams.abort(r.rid, message, 500) for r in advanced if r.rid in self.streams]
-        else:
-            outputs = self.streams.collect(advanced, self.scheduler)
+        outputs = self.streams.collect(advanced, self.scheduler)
         self.step_times.observe(time.perf_counter() - start)
         return outputs
+
+    def lose_group(self, generation: int, reason: str) -> list[RequestOutput] | None:
+        """Group ``generation`` is gone and its KV with it: every admitted request goes back to the
+        queue to recompute what it had (a request admitted at too many losses ends with a 500
+        instead), the tree empties, and no step runs until ``group_restored``. A report about a
+        group already lost or replaced changes nothing (None)."""
+        if not self.group.lose(generation, reason):
+            return None
+        logger.error("the TP group (generation %d) is lost: %s; its requests wait for a new group", generation, reason)
+        requeued = self.scheduler.requeue_all()
+        self.group.requeued_total += len(requeued)
+        doomed = []
+        for req in requeued:
+            req.group_losses += 1
+            if req.group_losses >= MAX_LOSSES_PER_REQUEST:
+                doomed.append(req.rid)
+        message = f"the model workers failed {MAX_LOSSES_PER_REQUEST} times while running this request ({reason})"
+        return self._abort(doomed, message, 500)
+
+    def group_restored(self, generation: int) -> None:
+        logger.warning("the TP group (generation %d) serves; resuming", generation)
+        self.group.restored(generation)
+
+    def _group_down_message(self) -> str:
+        return f"the model workers are restarting ({self.group.down_reason})"
 
     def _admit_compiled(self) -> list[RequestOutput]:
         outputs = []
@@ -266,6 +292,10 @@ class Router:
             return ControlResponse(msg.cid, self._stats())
         if msg.kind == "server_info":
             return ControlResponse(msg.cid, self._server_info())
+        if msg.kind == "health":
+            if not self.group.up:
+                return ControlResponse(msg.cid, error=self._group_down_message())
+            return ControlResponse(msg.cid, {"generation": self.group.generation})
         if msg.kind in ("tokenize", "detokenize"):
             try:
                 payload = self._tokenize(msg.args) if msg.kind == "tokenize" else self._detokenize(msg.args)
@@ -290,6 +320,7 @@ class Router:
             "aborted_requests_total": self.aborted_total,
             "step_seconds": self.step_times.snapshot(),
             "seconds_since_last_step": self.step_times.seconds_since_last(),
+            **self.group.stats(),
             "tree_events_instance": events.instance if events is not None else None,
             "tree_events_seq": events.seq if events is not None else None,
         }
@@ -355,85 +386,22 @@ def _aborted(rid: str, message: str, status: int) -> RequestOutput:
     return out
 
 
-class RouterSockets:
-    """The four ZeroMQ sockets the router binds, and a remote executor over two of them."""
-
-    def __init__(self, addresses: RouterAddresses) -> None:
-        self.ctx = zmq.Context()
-        self.requests = self._bind(zmq.PULL, addresses.request)
-        self.outputs = self._bind(zmq.PUSH, addresses.output)
-        self.batches = self._bind(zmq.PUSH, addresses.batch)
-        self.results = self._bind(zmq.PULL, addresses.result)
-        self.events = self._bind(zmq.PUB, addresses.events) if addresses.events else None
-        if self.events is not None:
-            # a subscriber that falls this far behind loses messages, sees the gap and resyncs
-            self.events.setsockopt(zmq.SNDHWM, EVENTS_HWM)
-        self.poller = zmq.Poller()
-        self.poller.register(self.requests, zmq.POLLIN)
-
-    def _bind(self, kind: int, address: str) -> zmq.Socket:
-        sock = self.ctx.socket(kind)
-        sock.bind(address)
-        return sock
-
-    def execute(self, batch: ForwardBatch) -> StepResult:
-        self.batches.send(encode(batch))
-        result = decode(self.results.recv())
-        if result.step_id != batch.step_id:
-            raise RuntimeError(f"rank 0 answered step {result.step_id}, expected {batch.step_id}")
-        return result
-
-    def events_address(self) -> str | None:
-        """Where the tree events are published (the port chosen when the address asked for 0)."""
-        if self.events is None:
-            return None
-        return self.events.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    def publish(self, tree_events: TreeEventLog | None) -> None:
-        """Send the tree events collected since the last call (they never block the loop)."""
-        if self.events is None or tree_events is None:
-            return
-        for event in tree_events.drain():
-            self.events.send(encode(event), zmq.NOBLOCK)
-
-    def send(self, outputs: list, block: bool = True) -> None:
-        """Send outputs to the api; one that cannot be encoded becomes an error for its request.
-        ``block=False`` drops what the api (gone at shutdown) does not take."""
-        for out in outputs:
-            try:
-                frame = encode(out)
-            except Exception:
-                logger.exception("cannot encode an output of %s", getattr(out, "rid", "?"))
-                frame = encode(_failed(out.rid, "internal error while sending the output", 500))
-            try:
-                self.outputs.send(frame, 0 if block else zmq.NOBLOCK)
-            except zmq.Again:
-                return
-
-    def close(self) -> None:
-        try:
-            self.batches.send(encode(Shutdown()), zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # rank 0 is gone
-        self.ctx.destroy(linger=1000)
-
-
 def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connection) -> None:
-    """Entry point of the router process: say "ready" on ``control``, then serve until the
-    launcher says anything more on it or closes it; abort what is left."""
+    """Entry point of the router process: say RouterReady on ``control``, then serve until the
+    launcher says Shutdown or closes it; abort what is left. Group losses are handled here: the
+    router's own findings (a rank's failure, the step timeout) and the launcher's (a rank died)."""
     logging.basicConfig(level=getattr(logging, config.log_level.upper()))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the launcher decides when we stop, after the api drained
     router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)
-    sockets = RouterSockets(addresses)
+    sockets = RouterSockets(addresses, config.step_timeout_s, interrupt_fd=control.fileno())
     if router.tree_events is not None:
         router.tree_events.address = sockets.events_address()
-    sockets.poller.register(control.fileno(), zmq.POLLIN)
-    control.send("ready")
+    control.send_bytes(encode(RouterReady()))
     try:
         while True:
             events = dict(sockets.poller.poll(router.poll_timeout_ms()))
-            if control.fileno() in events:
+            if control.fileno() in events and not _hear_launcher(router, sockets, control):
                 break
             if sockets.requests in events:
                 while True:
@@ -444,12 +412,53 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
                     answers = router.submit(_decode_or_none(frame))
                     sockets.publish(router.tree_events)  # a flush's evictions precede its answer
                     sockets.send(answers)
-            outputs = router.step(sockets.execute)
+            if not router.group.up:
+                continue  # requests queue until the launcher says GroupUp
+            try:
+                outputs = router.step(sockets.execute)
+            except LauncherSpoke:
+                if not _hear_launcher(router, sockets, control):
+                    break
+                continue
+            except GroupLost as exc:
+                _lose_group(router, sockets, control, router.group.generation, str(exc))
+                continue
             sockets.publish(router.tree_events)  # a prefix is announced before its request's output
             sockets.send(outputs)
         sockets.send(router.abort_all(SHUTDOWN_MESSAGE, 503), block=False)
     finally:
         sockets.close()
+
+
+def _hear_launcher(router: Router, sockets: RouterSockets, control: Connection) -> bool:
+    """Act on the launcher's message; False when the router must stop."""
+    try:
+        msg = decode(control.recv_bytes())
+    except (EOFError, OSError):
+        return False  # the launcher is gone
+    if isinstance(msg, GroupDown):
+        _lose_group(router, sockets, control, msg.generation, msg.reason)
+    elif isinstance(msg, GroupUp):
+        sockets.drop_results()
+        router.group_restored(msg.generation)
+    return not isinstance(msg, Shutdown)
+
+
+def _lose_group(router: Router, sockets: RouterSockets, control: Connection, generation: int, reason: str) -> None:
+    """Re-queue the lost group's requests and ask the launcher for a new group; when the losses
+    in a row exceed the budget, end every request with the reason and the process (exit 1)."""
+    outputs = router.lose_group(generation, reason)
+    if outputs is None:
+        return  # a late report about a group already lost
+    sockets.publish(router.tree_events)  # the emptied tree's evictions
+    sockets.send(outputs)
+    if router.group.budget_spent:
+        budget = router.config.max_worker_restarts
+        message = f"the model workers failed {budget + 1} times in a row, the last: {reason}"
+        logger.error("%s; giving up (--max-worker-restarts %d)", message, budget)
+        sockets.send(router.abort_all(message, 503), block=False)
+        raise SystemExit(1)
+    control.send_bytes(encode(RestartGroup(generation, reason)))
 
 
 def _decode_or_none(frame: bytes) -> object:

@@ -231,15 +231,34 @@ class Scheduler:
             raise RuntimeError("the KV pool cannot hold a single request (add_request should have refused it)")
         victim = max(candidates, key=lambda r: r.admit_seq)
         (self.prefilling if victim.state is ReqState.PREFILLING else self.running).remove(victim)
-        self.cache.release(victim, publish=False)
-        self.slots.free(victim.slot)
-        victim.slot = -1
-        victim.state = ReqState.WAITING
+        self._unadmit(victim)
         victim.retractions += 1
         self.waiting.insert(0, victim)
         self.counters.retractions_total += 1
         self.reserve_ratio = min(1.0, self.reserve_ratio + RETRACT_RESERVE_BUMP)
         logger.info("retracted %s (%d tokens computed so far)", victim.rid, victim.fill_len - 1)
+
+    def _unadmit(self, req: Request) -> None:
+        """Back to waiting: its KV (private pages, tree locks, slot) given up; it keeps every
+        token it has, to recompute them when admitted again."""
+        self.cache.release(req, publish=False)
+        self.slots.free(req.slot)
+        req.slot = -1
+        req.state = ReqState.WAITING
+
+    def requeue_all(self) -> list[Request]:
+        """The KV pool is lost (the TP group is replaced): every admitted request goes back to the
+        front of the queue, in admission order, to recompute its prompt and the tokens it has
+        streamed; the tree, whose pages held that KV, empties, pins included. Returns the
+        re-queued requests."""
+        admitted = sorted(self.running + self.prefilling, key=lambda r: r.admit_seq)
+        for req in admitted:
+            self._unadmit(req)
+        self.running, self.prefilling = [], []
+        self.waiting[:0] = admitted
+        self._empty_cache()
+        self._idle_checked = False
+        return admitted
 
     # ------------------------------------------------------------ results
 
@@ -252,8 +271,6 @@ class Scheduler:
         fwd = batch.forward
         if result.step_id != fwd.step_id:
             raise ValueError(f"result of step {result.step_id} for batch {fwd.step_id}")
-        if result.error is not None or result.next_token_ids is None:
-            return self._fail_batch(batch, result.error or "rank 0 returned no tokens")
         extend_lens = fwd.extend_lens.tolist()
         tokens = result.next_token_ids.tolist()
         if batch.is_prefill:
@@ -283,22 +300,19 @@ class Scheduler:
             self.prefilling = [r for r in self.prefilling if r.state is ReqState.PREFILLING]
         return touched
 
-    def _fail_batch(self, batch: ScheduledBatch, error: str) -> list[Request]:
-        failed = [r for r in batch.requests if not r.finished]
-        for req in failed:
-            self._end(req.rid, {"type": "abort", "message": f"worker error: {error}"}, publish=False)
-        return failed
-
     # ------------------------------------------------------------ cache control and checks
 
     def flush_cache(self) -> bool:
         """Empty the tree, pins included; refused (False) unless the scheduler is idle."""
         if not self.is_idle():
             return False
-        self.cache.pins.clear()
-        self.tree.reset()
+        self._empty_cache()
         self.check_integrity()
         return True
+
+    def _empty_cache(self) -> None:
+        self.cache.pins.clear()  # a pin holds a lock on the tree
+        self.tree.reset()
 
     def check_integrity(self) -> None:
         """Every page free xor owned by one tree node or one admitted request; raises IntegrityError."""

@@ -1,8 +1,11 @@
 """One tensor-parallel rank's serving loop: rank 0 takes ForwardBatch frames from the router,
-broadcasts them to the other ranks, every rank runs its shard, rank 0 answers with a StepResult."""
+broadcasts them to the other ranks, every rank runs its shard, rank 0 answers with a StepResult.
+A step that raises on any rank is reported to the router (RankFailed) and ends the rank's loop:
+the group's collectives are out of step, so the launcher replaces the whole group."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -13,11 +16,14 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from radixcluster.protocol import ForwardBatch, Shutdown, StepResult, decode, encode
+from radixcluster.protocol import RankFailed, Shutdown, decode, encode
+from radixcluster.worker.fault_injection import Faults
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from radixcluster.worker.parallel import init_tensor_parallel
 
 logger = logging.getLogger(__name__)
+
+REPORT_LINGER_MS = 2000  # a failure report still in the socket gets this long to reach the router
 
 
 @dataclass(slots=True)
@@ -26,6 +32,7 @@ class WorkerConfig:
     batch_address: str  # the router binds; rank 0 connects (PULL)
     result_address: str  # the router binds; rank 0 connects (PUSH)
     num_threads: int
+    generation: int = 0  # how many groups this replica started before this one
     # the environment this rank's process starts with (OpenMP threads and their cores): set
     # before torch loads, so Ray applies it when it starts the actor's process
     env: dict[str, str] = field(default_factory=dict)
@@ -39,6 +46,11 @@ class TPWorker:
         self.config = config
         self.runner: ModelRunner | None = None
         self._rendezvous: socket.socket | None = None
+        self.faults = Faults.for_rank(config.runner.tp_rank, config.generation)
+
+    def pid(self) -> int:
+        """This rank's process (the launcher kills it directly: a stopped process answers no actor call)."""
+        return os.getpid()
 
     def open_rendezvous(self) -> int:
         """Rank 0: listen on a loopback port for the TP group's rendezvous and return it. The
@@ -54,6 +66,7 @@ class TPWorker:
         one node, and nothing of it listens beyond loopback) and load this rank's shard. All
         ranks call it concurrently."""
         cfg = self.config
+        self.faults.at_load()
         torch.set_num_threads(cfg.num_threads)
         rank, size = cfg.runner.tp_rank, cfg.runner.tp_size
         rendezvous, self._rendezvous = self._rendezvous, None
@@ -71,39 +84,38 @@ class TPWorker:
         self.runner = ModelRunner(cfg.runner)
 
     def serve(self) -> None:
-        """Run until the router sends Shutdown. Errors in a step are reported, not fatal."""
+        """Run until the router sends Shutdown, or until a step raises here (reported first)."""
         runner = self.runner
         assert runner is not None, "load() first"
         rank, size = self.config.runner.tp_rank, self.config.runner.tp_size
         ctx: zmq.Context = zmq.Context.instance()
-        # rank 0 talks to the router; the other ranks get each frame through a broadcast
+        # rank 0 takes the frames from the router and every rank gets them through a broadcast;
+        # every rank can report a failure, rank 0 alone sends results
         pull = ctx.socket(zmq.PULL)
         push = ctx.socket(zmq.PUSH)
+        push.connect(self.config.result_address)
         if rank == 0:
             pull.connect(self.config.batch_address)
-            push.connect(self.config.result_address)
         try:
-            while True:
+            for served in itertools.count():
                 frame = pull.recv() if rank == 0 else b""
                 if size > 1:
                     frame = _broadcast_frame(frame, rank)
                 msg = decode(frame)
                 if isinstance(msg, Shutdown):
                     return
-                result = _step(runner, msg)
+                try:
+                    self.faults.at_step(served)
+                    result = runner.step(msg)
+                except Exception as exc:
+                    logger.error("rank %d: step %d failed:\n%s", rank, msg.step_id, traceback.format_exc())
+                    push.send(encode(RankFailed(rank=rank, step_id=msg.step_id, error=f"{type(exc).__name__}: {exc}")))
+                    return
                 if rank == 0:
                     push.send(encode(result))
         finally:
             pull.close(linger=0)
-            push.close(linger=0)
-
-
-def _step(runner: ModelRunner, batch: ForwardBatch) -> StepResult | None:
-    try:
-        return runner.step(batch)
-    except Exception as exc:  # a failed step fails its requests, not the server
-        logger.error("step %d failed:\n%s", batch.step_id, traceback.format_exc())
-        return StepResult(step_id=batch.step_id, next_token_ids=None, error=f"{type(exc).__name__}: {exc}")
+            push.close(linger=REPORT_LINGER_MS)
 
 
 def _loopback_interface() -> str:

@@ -28,7 +28,7 @@ ERROR_TYPES = {
     503: "service_unavailable",
     504: "deadline_exceeded",
 }
-# a 429 asks the client to come back after this long
+# a 429 (queue full) or 503 (draining, workers restarting) asks the client to come back after this long
 RETRY_AFTER_S = 1
 
 
@@ -51,7 +51,7 @@ def error_body(status: int, message: str) -> dict:
 
 
 def error_response(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
     return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 

@@ -30,6 +30,17 @@ _COUNTERS = (
         "retractions_total",
         "Running requests sent back to the queue (their KV freed) when the KV pool ran out.",
     ),
+    ("radixcluster_worker_restarts", "worker_restarts_total", "TP groups replaced after a rank died, hung or failed."),
+    (
+        "radixcluster_requeued_requests",
+        "requeued_requests_total",
+        "Requests re-queued, with the tokens they had streamed, when their TP group was lost.",
+    ),
+    (
+        "radixcluster_seconds_without_workers",
+        "seconds_without_group_total",
+        "Seconds spent with no TP group serving (between a loss and its replacement).",
+    ),
 )
 # (exported name, key of each tenant's stats, help)
 _TENANT_COUNTERS = (
@@ -63,6 +74,7 @@ _GAUGES = (
     ("radixcluster_total_pages", "num_pages", "KV pages in the pool."),
     ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
     ("radixcluster_pinned_tokens", "pinned_tokens", "Tokens of the radix tree that pins keep from eviction."),
+    ("radixcluster_workers_up", "group_up", "1 while a TP group serves, 0 while one is being replaced."),
 )
 
 # CPU serving is slow: the buckets reach into tens of seconds.

@@ -65,8 +65,9 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/health")
     async def health() -> Response:
+        # 503 with the reason while the router is unreachable or has no TP group (one is replaced)
         try:
-            await ctx.client.control("server_info", timeout=HEALTH_TIMEOUT_S)
+            await ctx.client.control("health", timeout=HEALTH_TIMEOUT_S)
         except (RouterUnavailable, RouterError) as exc:
             return error_response(503, f"unhealthy: {exc}")
         return Response(status_code=200)
@@ -79,6 +80,8 @@ def native_routes(ctx: ApiContext) -> APIRouter:
             stats = await ctx.client.control("stats", timeout=HEALTH_GENERATE_TIMEOUT_S)
         except (RouterUnavailable, RouterError) as exc:
             return error_response(503, f"unhealthy: {exc}")
+        if not stats.get("group_up", 1):
+            return error_response(503, f"unhealthy: the model workers are restarting ({stats['group_down_reason']})")
         since = stats.get("seconds_since_last_step")
         if stats.get("running_requests") and since is not None and since < HEALTH_GENERATE_TIMEOUT_S:
             return Response(status_code=200)

@@ -75,8 +75,12 @@ SAMPLES = [
         top_logprob_ids=np.array([[4, 1], [2, 3]], np.int32),
         top_logprob_values=np.array([[-0.5, -2.0], [-1.0, -3.0]], np.float32),
     ),
-    p.StepResult(step_id=4, next_token_ids=np.zeros(0, np.int32), error="worker died"),
+    p.RankFailed(rank=2, step_id=4, error="RuntimeError: worker died"),
     p.Shutdown(),
+    p.RouterReady(),
+    p.GroupDown(generation=1, reason="rank 2 died"),
+    p.RestartGroup(generation=1, reason="rank 2 died"),
+    p.GroupUp(generation=2),
     p.TreeEvent(instance="9f2c", seq=7, kind="evict", blocks=np.array([2**64 - 1, 0, 12345], np.uint64)),
 ]
 

@@ -95,12 +95,20 @@ def test_the_api_key_comes_from_the_environment_too(monkeypatch):
     assert parse().api_key is None
 
 
-def test_admission_and_shutdown_flags():
-    args = parse("--max-queued-requests", "8", "--shutdown-timeout", "2.5")
-    assert (args.max_queued_requests, args.shutdown_timeout) == (8, 2.5)
-    defaults = parse()
-    assert (defaults.max_queued_requests, defaults.shutdown_timeout) == (2048, 30.0)
-    for argv in (("--max-queued-requests", "0"), ("--shutdown-timeout", "-1")):
+def test_admission_shutdown_and_supervision_flags():
+    args = parse(
+        "--max-queued-requests", "8", "--shutdown-timeout", "2.5", "--step-timeout", "90", "--max-worker-restarts", "0"
+    )
+    assert (args.max_queued_requests, args.shutdown_timeout, args.step_timeout, args.max_worker_restarts) == (
+        8,
+        2.5,
+        90.0,
+        0,
+    )
+    d = parse()
+    assert (d.max_queued_requests, d.shutdown_timeout, d.step_timeout, d.max_worker_restarts) == (2048, 30.0, 600.0, 3)
+    bad = (("--max-queued-requests", "0"), ("--shutdown-timeout", "-1"), ("--step-timeout", "0"))
+    for argv in (*bad, ("--max-worker-restarts", "-1")):
         with pytest.raises(ValueError, match=argv[0]):
             parse(*argv)
 

@@ -118,7 +118,8 @@ def test_default_is_cpu_with_the_embedded_model_and_a_generated_key(helm: Helm) 
     shm = next(v for v in server_deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert "/health_generate" in server["readinessProbe"]["exec"]["command"][-1]
-    assert server["livenessProbe"]["httpGet"]["path"] == server["startupProbe"]["httpGet"]["path"] == "/health"
+    assert server["startupProbe"]["httpGet"]["path"] == "/health"
+    assert server["livenessProbe"]["tcpSocket"]["port"] == "http"  # not /health: 503 while the TP group is replaced
     assert not by_kind(docs, "StatefulSet") and not by_kind(docs, "ServiceMonitor")
 
 
@@ -219,9 +220,19 @@ def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:
         helm.template(CHART, sets=("server.shutdownTimeout=45",))  # the default 60 s cannot hold it
 
 
+def test_the_self_healing_settings_reach_the_server(helm: Helm) -> None:
+    """The hung-group watchdog and the restart budget: the server's defaults unless set."""
+    defaults = server_args(helm.template(CHART))
+    assert (defaults.step_timeout, defaults.max_worker_restarts) == (600, 3)
+    sets = ("server.stepTimeout=120", "server.maxWorkerRestarts=0")
+    custom = server_args(helm.template(CHART, sets=sets))
+    assert (custom.step_timeout, custom.max_worker_restarts) == (120, 0)
+
+
 def test_bad_values_are_refused(helm: Helm) -> None:
     for sets in (
         ("server.tpSize=0",),
+        ("server.stepTimeout=0",),
         ("model.source=s3",),
         ("model.source=pvc",),
         ("server.schedulePolicy=random",),

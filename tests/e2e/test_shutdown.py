@@ -7,63 +7,23 @@ key given in the environment never shows in a command line."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from radixcluster.process_tree import descendants, is_running
-from support.api_helpers import GREEDY, TIMEOUT_S, assert_error
+from radixcluster.process_tree import descendants
+from support.api_helpers import TIMEOUT_S, assert_error
 from support.listening import listeners
-from support.servers import ServerHandle, launch_server
+from support.servers import launch_server
+from support.streams import started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
 KEY = "key-from-the-environment"
-
-
-def stream(server: ServerHandle, text: str, max_new_tokens: int, started: threading.Event) -> list:
-    """A stream's events, read to the end; ``started`` is set at its first event."""
-    params = {**GREEDY, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    events = []
-    with requests.post(
-        server.url + "/generate",
-        json={"text": text, "sampling_params": params, "stream": True},
-        headers=server.headers(),
-        stream=True,
-        timeout=TIMEOUT_S,
-    ) as resp:
-        assert resp.status_code == 200, resp.text
-        for line in resp.iter_lines(decode_unicode=True):
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
-                events.append(data if data == "[DONE]" else json.loads(data))
-                started.set()
-    return events
-
-
-def started_streams(server: ServerHandle, pool, lengths: list[int]) -> list[concurrent.futures.Future]:
-    """Streams of ``lengths`` tokens, each with its first event in before this returns."""
-    starts = [threading.Event() for _ in lengths]
-    futures = [
-        pool.submit(stream, server, f"Stream {i}: count slowly.", n, e) for (i, n), e in zip(enumerate(lengths), starts)
-    ]
-    for event, future in zip(starts, futures):
-        while not event.wait(0.1):
-            assert not future.done(), future.result()
-    return futures
-
-
-def wait_gone(pids: set[int], deadline_s: float) -> set[int]:
-    end = time.monotonic() + deadline_s
-    while (alive := {p for p in pids if is_running(p)}) and time.monotonic() < end:
-        time.sleep(0.1)
-    return alive
 
 
 def finished_normally(events: list) -> bool:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import re
 
 import numpy as np
 import pytest
 import torch
+import zmq
 
 from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.model_path import served_model_name
@@ -20,11 +22,14 @@ from radixcluster.protocol import (
     ControlRequest,
     ForwardBatch,
     GenerateRequest,
+    RankFailed,
     RequestOutput,
     SamplingParams,
     StepResult,
+    encode,
 )
-from radixcluster.router.router_process import Router, RouterConfig
+from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, Router, RouterConfig
+from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
@@ -363,6 +368,99 @@ def test_a_failing_step_fails_its_batch_and_the_router_serves_on(router, runner)
     assert all("the executor broke" not in out.error for out in outputs)  # internals stay in the log
     assert stats(router)["aborted_requests_total"] == 2
     assert_serves(router, runner)
+
+
+def test_a_lost_group_requeues_its_requests_and_they_go_on_with_the_same_tokens(router, runner):
+    """The router's half of a replaced TP group: mid-decode the group is lost; its requests go
+    back to the queue with what they streamed, the tree empties, nothing steps until the new
+    group serves, and then each request recomputes its tokens and ends exactly as an undisturbed
+    run does: no token repeated, none changed."""
+    texts = [f"Tell me about the number {i}." for i in range(3)]
+    greedy = {"max_new_tokens": 20, "ignore_eos": True}
+    undisturbed = run(router, runner, *(request(t, sampling=dict(greedy)) for t in texts))
+    expected = sorted(outs[-1].output_ids for outs in undisturbed.values())
+
+    reqs = [request(t, stream=True, sampling=dict(greedy)) for t in texts]
+    outputs: dict[str, list[RequestOutput]] = {r.rid: [] for r in reqs}
+    for r in reqs:
+        router.submit(r)
+    for _ in range(6):  # prefill and a few decodes
+        for out in router.step(runner.step):
+            outputs[out.rid].append(out)
+    assert router.lose_group(0, "rank 1 died") == []
+    assert router.lose_group(0, "rank 1 died") is None  # the launcher's word on the same loss
+    stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+    assert stats["group_up"] == 0 and stats["requeued_requests_total"] == 3 and stats["cached_tokens"] == 0
+    (health,) = router.submit(ControlRequest(cid="h", kind="health"))
+    assert "restarting (rank 1 died)" in health.error
+    router.group_restored(1)
+    drive(router, runner, outputs)
+    streamed = sorted([tok for out in outs for tok in out.output_ids] for outs in outputs.values())
+    assert streamed == expected
+    stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+    assert (stats["group_up"], stats["worker_restarts_total"]) == (1, 1) and stats["seconds_without_group_total"] > 0
+    assert router.submit(ControlRequest(cid="h", kind="health"))[0].payload == {"generation": 1}
+
+
+def test_a_request_in_flight_at_every_loss_ends_with_an_error_and_a_full_queue_says_503(config, runner):
+    """A request that was running each time the group was lost may be what kills it: after
+    MAX_LOSSES_PER_REQUEST losses it ends with a 500 instead of going round again. While no
+    group serves, a full queue answers 503 (Retry-After) rather than 429."""
+    router = Router(dataclasses.replace(config, max_queued_requests=1))
+    suspect = request("Suspect:", stream=True, sampling={"max_new_tokens": 50})
+    router.submit(suspect)
+    for generation in range(MAX_LOSSES_PER_REQUEST):
+        router.step(runner.step)
+        outputs = router.lose_group(generation, "rank 0 failed in step 1: RuntimeError: boom")
+        router.group_restored(generation + 1)
+    (out,) = outputs
+    assert out.rid == suspect.rid and out.status == 500 and "failed 2 times while running" in out.error
+    router.submit(request("Queued"))
+    router.lose_group(MAX_LOSSES_PER_REQUEST, "rank 2 died")
+    (refused,) = router.submit(request("One too many"))
+    assert refused.status == 503 and "restarting (rank 2 died)" in refused.error
+
+
+def test_a_step_ends_with_its_result_a_rank_failure_the_timeout_or_the_launcher(router, tmp_path):
+    """The remote executor on real sockets, with a silent rank 0 behind them: a late result of an
+    earlier step is skipped, a rank's RankFailed and the step timeout are a lost group (not a
+    failed batch: the router lets them through), and a word on the control pipe interrupts,
+    even a send that no rank 0 takes."""
+    addresses = RouterAddresses(*(f"ipc://{tmp_path}/{name}" for name in ("in", "out", "batch", "result")))
+    read_end, write_end = os.pipe()
+    sockets = RouterSockets(addresses, step_timeout_s=0.2, interrupt_fd=read_end)
+    rank_in, rank_out = sockets.ctx.socket(zmq.PULL), sockets.ctx.socket(zmq.PUSH)
+    rank_in.connect(addresses.batch)
+    rank_out.connect(addresses.result)
+    generations = itertools.count(1)
+
+    def lost_step() -> None:
+        router.submit(request("Lost:", sampling={"max_new_tokens": 4}))
+        try:
+            router.step(sockets.execute)
+        finally:  # what run_router does next: re-queue, and carry on once a new group serves
+            router.lose_group(router.group.generation, "lost in this test")
+            router.group_restored(next(generations))
+            router.abort_all("next case")
+
+    try:
+        rank_out.send(encode(StepResult(step_id=0, next_token_ids=np.zeros(1, np.int32))))  # late, skipped
+        rank_out.send(encode(RankFailed(rank=2, step_id=1, error="RuntimeError: boom")))
+        with pytest.raises(GroupLost, match=r"rank 2 failed in step 1: RuntimeError: boom"):
+            lost_step()
+        with pytest.raises(GroupLost, match=r"got no result within --step-timeout 0.2 s"):
+            lost_step()
+        os.write(write_end, b"x")
+        with pytest.raises(LauncherSpoke):
+            lost_step()
+        rank_in.close(linger=0)  # no rank 0 at all: the send itself waits, and is interrupted
+        with pytest.raises(LauncherSpoke):
+            lost_step()
+    finally:
+        rank_out.close(linger=0)
+        sockets.ctx.destroy(linger=0)
+        os.close(read_end)
+        os.close(write_end)
 
 
 def test_a_full_queue_answers_429(config):

@@ -99,11 +99,15 @@ key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command
 - --{{ $flag }}={{ int64 . }}
 {{- end }}
 {{- end }}
-{{- $strings := dict "servedModelName" "served-model-name" "memFractionStatic" "mem-fraction-static" "dtype" "dtype" "schedulePolicy" "schedule-policy" }}
+{{- $strings := dict "servedModelName" "served-model-name" "memFractionStatic" "mem-fraction-static" "dtype" "dtype" "schedulePolicy" "schedule-policy" "stepTimeout" "step-timeout" }}
 {{- range $key, $flag := $strings }}
 {{- with index $s $key }}
 - {{ printf "--%s=%v" $flag . | quote }}
 {{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" $s.maxWorkerRestarts) }}
+{{- /* 0 is a value here (no restart in place), which `with` would skip */}}
+- --max-worker-restarts={{ int64 $s.maxWorkerRestarts }}
 {{- end }}
 {{- if $s.disableRadixCache }}
 - --disable-radix-cache
