@@ -54,6 +54,26 @@ class RuntimeEndpoint:
         headers = {SESSION_HEADER: session_id} if session_id else None
         return self._request("POST", "/generate", payload, headers)
 
+    def warm(self, text: str | None = None, input_ids: list[int] | None = None, **fields: Any) -> dict[str, Any]:
+        """``POST /cache/warm``: compute a prefix (``text`` as /generate tokenizes it, or
+        ``input_ids``) into the server's radix cache without generating, so the requests that
+        start with it (a system prompt, a few-shot header) find it cached."""
+        return self._request("POST", "/cache/warm", _prefix(text, input_ids, fields))
+
+    def pin(
+        self, text: str | None = None, input_ids: list[int] | None = None, *, ttl_s: float, **fields: Any
+    ) -> dict[str, Any]:
+        """``POST /cache/pin``: warm the prefix and keep it from eviction for ``ttl_s`` seconds."""
+        return self._request("POST", "/cache/pin", {**_prefix(text, input_ids, fields), "ttl_s": ttl_s})
+
+    def unpin(self, text: str | None = None, input_ids: list[int] | None = None, **fields: Any) -> dict[str, Any]:
+        """``DELETE /cache/pin``: end a pin before its time."""
+        return self._request("DELETE", "/cache/pin", _prefix(text, input_ids, fields))
+
+    def evict(self, text: str | None = None, input_ids: list[int] | None = None, **fields: Any) -> dict[str, Any]:
+        """``POST /cache/evict``: free the cached pages under a prefix that no request is using."""
+        return self._request("POST", "/cache/evict", _prefix(text, input_ids, fields))
+
     def close(self) -> None:
         self._client.close()
 
@@ -72,6 +92,12 @@ class RuntimeEndpoint:
 
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r}, chat_template={self.chat_template.name!r})"
+
+
+def _prefix(text: str | None, input_ids: list[int] | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """The body naming a prefix (the server says which of text and input_ids is wrong)."""
+    given = {"text": text, "input_ids": input_ids}
+    return {**{key: value for key, value in given.items() if value is not None}, **fields}
 
 
 def _error_message(response: httpx.Response) -> str:
