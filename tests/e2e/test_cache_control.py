@@ -178,7 +178,10 @@ def chromium() -> str:
     that says why."""
     found = shutil.which("chromium")
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        # a fresh machine's package lists may be empty: read them first
+        for step in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+            subprocess.run(step, capture_output=True, timeout=900, env=env)
         found = shutil.which("chromium")
     if found is None:
         pytest.skip("no chromium: install Debian's chromium package (apt-get install chromium) to run the page test")
