@@ -15,6 +15,7 @@ from radixcluster.process_tree import is_running, kill_survivors
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60
+KILL_GRACE_S = 2  # a rank Ray was told to kill and that still runs after this gets SIGKILL
 KILL_WAIT_S = 10  # a killed rank's process is gone within this (SIGKILL, reaped by Ray's raylet)
 
 
@@ -210,7 +211,9 @@ def kill_actors(workers: RayWorkers) -> None:
 
     for actor in workers.actors:
         ray.kill(actor, no_restart=True)
-    kill_survivors(set(workers.pids), grace_s=0)
+    # Ray's kill is quiet (a SIGKILL behind its back makes the raylet report a crash); what it
+    # cannot end within the grace gets SIGKILL
+    kill_survivors(set(workers.pids), KILL_GRACE_S)
     end = time.monotonic() + KILL_WAIT_S
     while any(is_running(pid) for pid in workers.pids) and time.monotonic() < end:
         time.sleep(0.05)
