@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.replica_plan import Plan, make_plan, omp_env
-from radixcluster.server_args import ServerArgs, load_tenant_keys
+from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
 
 if TYPE_CHECKING:
     from radixcluster.ray_cluster import RayWorkers
@@ -229,6 +229,7 @@ class Launcher:
             max_pinned_fraction=args.max_pinned_fraction,
             step_timeout_s=args.step_timeout,
             max_worker_restarts=args.max_worker_restarts,
+            tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

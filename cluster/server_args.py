@@ -13,6 +13,7 @@ from pathlib import Path
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
+from radixcluster.router.tenant_quota import QUOTA_FIELDS, TenantQuota
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-file",
         default=d.api_key_file,
-        help='tenants\' API keys, a JSON file {"KEY": {"tenant": "NAME"}, ...}: each tenant\'s prompts are cached apart and counted apart',
+        help='tenants\' API keys, a JSON file {"KEY": {"tenant": "NAME", "max_cached_tokens": N, "max_running_requests": N}, ...} '
+        "(the quotas optional): each tenant's prompts are cached apart and counted apart",
     )
     parser.add_argument(
         "--cache-page-text",
@@ -272,23 +274,45 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
 
 def load_tenant_keys(path: str) -> dict[str, str]:
     """API key -> tenant name from an --api-key-file; ValueError saying what is wrong with it."""
+    return {key: tenant for key, (tenant, _) in _read_key_file(path).items()}
+
+
+def load_tenant_quotas(path: str) -> dict[str, TenantQuota]:
+    """Tenant name -> its quotas, for the tenants of an --api-key-file that set any."""
+    quotas: dict[str, TenantQuota] = {}
+    for tenant, quota in _read_key_file(path).values():
+        if quota != TenantQuota():
+            quotas[tenant] = quota
+    return quotas
+
+
+def _read_key_file(path: str) -> dict[str, tuple[str, TenantQuota]]:
+    """API key -> (tenant, its quotas); ValueError saying what is wrong with the file."""
     try:
         entries = json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"--api-key-file {path}: {exc}") from None
     if not isinstance(entries, dict) or not entries:
         raise ValueError(f'--api-key-file {path}: expected {{"KEY": {{"tenant": "NAME"}}, ...}}')
-    keys = {}
+    keys: dict[str, tuple[str, TenantQuota]] = {}
+    quotas: dict[str, TenantQuota] = {}
     for key, entry in entries.items():
         where = f"--api-key-file {path}, key {key[:4]}…"
         if not key or not isinstance(entry, dict) or not isinstance(entry.get("tenant"), str) or not entry["tenant"]:
             raise ValueError(f'{where}: each key maps to {{"tenant": "NAME"}} (a non-empty key and name)')
-        if set(entry) != {"tenant"}:
-            # the issue's quotas (max_cached_tokens, max_running_requests) are not enforced yet
-            raise ValueError(f"{where}: unknown fields {sorted(set(entry) - {'tenant'})}; only 'tenant' is read")
-        if "\x00" in entry["tenant"]:
+        tenant = entry["tenant"]
+        if "\x00" in tenant:
             raise ValueError(f"{where}: a tenant name may not hold \\x00")
-        keys[key] = entry["tenant"]
+        unknown = set(entry) - {"tenant", *QUOTA_FIELDS}
+        if unknown:
+            raise ValueError(f"{where}: unknown fields {sorted(unknown)}; known: tenant, {', '.join(QUOTA_FIELDS)}")
+        try:
+            quota = TenantQuota(**{f: entry[f] for f in QUOTA_FIELDS if f in entry})
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if quotas.setdefault(tenant, quota) != quota:
+            raise ValueError(f"{where}: tenant {tenant!r} has other quotas under another key")
+        keys[key] = (tenant, quota)
     return keys
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.tree_snapshot import SnapshotBounds, tree_snapshot
-from radixcluster.router.request_intake import RequestIntake, tenant_salt
+from radixcluster.router.request_intake import RequestIntake, tenant_namespace, tenant_salt
 
 # with --cache-page-text, each node of the snapshot shows the text of its first tokens
 LABEL_TOKENS = 8
@@ -48,7 +48,7 @@ class CacheControl:
         label = (lambda key: tokenizer.decode(key[:LABEL_TOKENS].tolist())) if self.with_text else None
         tree = self.cache.tree
         # a tenant sees its own runs only
-        own = tenant_salt(args["tenant"], "") if args.get("tenant") is not None else None
+        own = tenant_namespace(args["tenant"]) if args.get("tenant") is not None else None
         snapshot = tree_snapshot(tree, bounds, label, self.cache.pins.pinned_node_ids(), own)
         return {**snapshot, "clock": tree.clock, "page_size": tree.page_size, "text": self.with_text}
 

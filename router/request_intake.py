@@ -30,7 +30,12 @@ def tenant_salt(tenant: str | None, cache_salt: str | None) -> str | None:
         if cache_salt is not None and cache_salt.startswith(TENANT_SALT_PREFIX):
             raise RequestRejected("cache_salt (with extra_key) may not start with the bytes \\x00tenant\\x00")
         return cache_salt
-    return f"{TENANT_SALT_PREFIX}{tenant}\x00{cache_salt or ''}"
+    return tenant_namespace(tenant) + (cache_salt or "")
+
+
+def tenant_namespace(tenant: str) -> str:
+    """What every cache salt of ``tenant`` starts with (no tenant name holds \\x00)."""
+    return f"{TENANT_SALT_PREFIX}{tenant}\x00"
 
 
 class RequestIntake:

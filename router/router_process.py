@@ -14,7 +14,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets, StepAbandoned
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.step_times import StepTimes
+from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.router.tree_events import TreeEventLog
 
@@ -88,6 +89,7 @@ class RouterConfig:
     max_pinned_fraction: float = 0.5  # of the KV pool, the most that pinned prefixes may hold
     step_timeout_s: float = 600.0  # a step without a result for this long: the TP group is hung
     max_worker_restarts: int = 3  # group losses in a row the launcher repairs; one more ends the replica
+    tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
 
 
 class Router:
@@ -111,6 +113,7 @@ class Router:
                 enable_radix_cache=config.enable_radix_cache,
                 eviction_policy=config.eviction_policy,
                 max_pinned_fraction=config.max_pinned_fraction,
+                tenant_quotas=config.tenant_quotas,
             ),
             on_tree_event=tree_events.on_event if tree_events is not None else None,
         )

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixcluster.protocol import StepResult
@@ -26,9 +27,11 @@ from radixcluster.router.cache.radix_tree import RadixTree, TreeEventHook
 from radixcluster.router.cache.slot_pool import SlotPool
 from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
 from radixcluster.router.request import ReqState, Request
+from radixcluster.router.request_intake import tenant_namespace
 from radixcluster.router.result_processing import apply_token, record_input_logprobs
 from radixcluster.router.schedule_policy import SchedulePolicy
 from radixcluster.router.scheduler_stats import CACHE_INFO_KEYS, SchedulerStats, check_pool_integrity
+from radixcluster.router.tenant_quota import TenantQuota
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ INIT_RESERVE_RATIO = 0.7
 MIN_RESERVE_RATIO = 0.1
 RESERVE_DECAY_PER_STEP = 0.001
 RETRACT_RESERVE_BUMP = 0.3
+NO_QUOTA = TenantQuota()
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,6 +55,7 @@ class SchedulerConfig:
     enable_radix_cache: bool = True
     eviction_policy: str = "lru"
     max_pinned_fraction: float = 0.5  # of the pool, the most that pins may hold
+    tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "max_running_requests", "max_context_len"):
@@ -126,6 +131,7 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: dict[str, Any], publish: bool) -> None:
         self.cache.release(req, publish)
+        self._trim_to_cache_quota(req.tenant)
         if req.slot >= 0:
             self.slots.free(req.slot)
             req.slot = -1
@@ -165,14 +171,18 @@ class Scheduler:
                 return None
         free_slots = self.config.max_running_requests - len(decoding) - len(self.prefilling)
         admitted: list[Request] = []
+        running = Counter(r.tenant for r in decoding + self.prefilling)
         for req in self.policy.order(self.waiting) if free_slots > 0 else ():
             if len(admitted) == free_slots or adm.token_budget <= 0:
                 break
+            if self._at_running_quota(req.tenant, running[req.tenant]):
+                continue  # it waits; other tenants' requests go past it
             outcome = adm.try_add(req)
             if outcome is Admit.STOP:
                 break
             if outcome is Admit.ADDED:
                 admitted.append(req)
+                running[req.tenant] += 1
         if not adm.entries:
             return None
         if admitted:
@@ -182,6 +192,13 @@ class Scheduler:
             self._start_prefill(entry.req, entry.prefix_len, entry.first_admission)
         self.prefilling = [e.req for e in adm.entries]
         return self._build(adm.entries)
+
+    def _quota(self, tenant: str | None) -> TenantQuota:
+        return self.config.tenant_quotas.get(tenant, NO_QUOTA) if tenant is not None else NO_QUOTA
+
+    def _at_running_quota(self, tenant: str | None, running: int) -> bool:
+        limit = self._quota(tenant).max_running_requests
+        return limit is not None and running >= limit
 
     def _start_prefill(self, req: Request, prefix_len: int, first_admission: bool) -> None:
         if req.state is ReqState.PREFILLING:
@@ -260,6 +277,17 @@ class Scheduler:
         self._idle_checked = False
         return admitted
 
+    def _trim_to_cache_quota(self, tenant: str | None) -> None:
+        """A tenant over its max_cached_tokens evicts its own unlocked runs (by policy) down to
+        it; what its running requests and pins hold stays, so the quota binds once they end."""
+        limit = self._quota(tenant).max_cached_tokens
+        if tenant is None or limit is None:
+            return
+        namespace = tenant_namespace(tenant)
+        over = self.tree.namespace_tokens(namespace) - limit
+        if over > 0:
+            self.tree.evict_namespace(namespace, over)
+
     # ------------------------------------------------------------ results
 
     def process_result(self, batch: ScheduledBatch, result: StepResult) -> list[Request]:
@@ -283,6 +311,7 @@ class Scheduler:
             req.num_computed += extend_lens[i]
             if batch.is_prefill:
                 self.cache.publish(req)
+                self._trim_to_cache_quota(req.tenant)
                 if req.num_computed < req.fill_len:
                     continue  # a chunk: its sampled token is ignored
                 if req.sampling.max_new_tokens == 0:
@@ -323,7 +352,10 @@ class Scheduler:
         admitted = self.running + self.prefilling
         # prompt work still ahead: what admitted requests have not computed, all that waits
         tokens = (sum(r.fill_len - r.num_computed for r in self.prefilling), sum(r.fill_len for r in self.waiting))
-        return self.counters.snapshot(self.cache, len(admitted), len(self.waiting), *tokens)
+        stats = self.counters.snapshot(self.cache, len(admitted), len(self.waiting), *tokens)
+        for name, entry in stats["tenants"].items():
+            entry["cached_tokens"] = self.tree.namespace_tokens(tenant_namespace(name))
+        return stats
 
     def cache_info(self) -> dict[str, Any]:
         """The radix-cache part of ``stats()`` and the pins, for /cache_info."""

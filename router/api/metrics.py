@@ -52,6 +52,11 @@ _TENANT_COUNTERS = (
         "Prompt tokens served from the radix cache, by tenant.",
     ),
 )
+_TENANT_GAUGE = (
+    "radixcluster_tenant_tree_tokens",
+    "cached_tokens",
+    "Tokens the tenant's prefixes hold in the radix tree.",
+)
 # (exported name, stats key, help): a histogram the router keeps (cumulative bucket counts)
 _HISTOGRAMS = (("radixcluster_step_duration_seconds", "step_seconds", "Router steps: schedule, model step, outputs."),)
 # HTTP statuses that refuse a request before it runs, by the reason they are counted under
@@ -108,10 +113,12 @@ class _RouterStats:
 
 
 def _tenant_counters(tenants: dict[str, dict[str, int]]) -> list[Metric]:
-    """Requests, prompt and cached tokens of each tenant (--api-key-file), labelled ``tenant``."""
+    """Requests, prompt and cached tokens of each tenant (--api-key-file), and what its prefixes
+    hold in the tree now, labelled ``tenant``."""
     families: list[Metric] = []
-    for name, key, doc in _TENANT_COUNTERS:
-        family = CounterMetricFamily(name, doc, labels=["tenant"])
+    kinds = [(CounterMetricFamily, spec) for spec in _TENANT_COUNTERS] + [(GaugeMetricFamily, _TENANT_GAUGE)]
+    for kind, (name, key, doc) in kinds:
+        family = kind(name, doc, labels=["tenant"])
         for tenant, counts in sorted(tenants.items()):
             family.add_metric([tenant], float(counts[key]))
         families.append(family)

@@ -28,7 +28,7 @@ class EvictionHeap:
     def __init__(self, policy: str) -> None:
         if policy not in _PRIORITIES:
             raise ValueError(f"eviction_policy {policy!r}: choose one of {EVICTION_POLICIES}")
-        self._priority = _PRIORITIES[policy]
+        self.priority = _PRIORITIES[policy]  # the order of eviction: smallest first
         self._heap: list[tuple] = []
         self._seq = 0
 
@@ -38,7 +38,7 @@ class EvictionHeap:
             return
         self._seq += 1
         node.heap_seq = self._seq
-        heapq.heappush(self._heap, (self._priority(node), self._seq, node))
+        heapq.heappush(self._heap, (self.priority(node), self._seq, node))
 
     def pop(self) -> Any | None:
         """The evictable leaf to go first, or None."""
@@ -53,5 +53,5 @@ class EvictionHeap:
 
     def rebuild(self, nodes: Iterable[Any]) -> None:
         """Drop stale entries: keep one entry per evictable leaf among ``nodes``."""
-        self._heap = [(self._priority(n), n.heap_seq, n) for n in nodes if is_evictable_leaf(n)]
+        self._heap = [(self.priority(n), n.heap_seq, n) for n in nodes if is_evictable_leaf(n)]
         heapq.heapify(self._heap)

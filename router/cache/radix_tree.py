@@ -7,18 +7,21 @@ Contract (read before calling):
   evicting, unlock exactly the node that was locked. ``evict`` frees unlocked leaves only.
 - With ``page_size`` P > 1 every node holds whole pages; matching and inserting stop at the
   last full page; children are keyed by their first page's tokens.
-- A cache salt is part of the key: the same tokens under another salt never share.
+- A cache salt is part of the key: the same tokens under another salt never share. Salts
+  that start alike form a namespace (a tenant's): it can be measured and evicted on its own.
 - Every insert and every eviction goes through ``_emit`` (the one place to publish events).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
 
-from radixcluster.router.cache.eviction_heap import EvictionHeap
+from radixcluster.router.cache.eviction_heap import EvictionHeap, is_evictable_leaf
 from radixcluster.router.cache.page_allocator import PageAllocator
 
 
@@ -89,6 +92,7 @@ class RadixTree:
         self.protected_tokens = 0
         self.node_count = 0  # excluding the root
         self.evicted_tokens_total = 0
+        self._salt_tokens: dict[str, int] = {}  # cached tokens under each salt
         self._clock = 0
 
     # ------------------------------------------------------------ queries
@@ -105,6 +109,10 @@ class RadixTree:
     @property
     def evictable_pages(self) -> int:
         return self.evictable_tokens // self.page_size
+
+    def namespace_tokens(self, prefix: str) -> int:
+        """Tokens cached under the salts that start with ``prefix``."""
+        return sum(n for salt, n in self._salt_tokens.items() if salt.startswith(prefix))
 
     def match_prefix(self, tokens: np.ndarray, salt: str | None = None) -> MatchResult:
         """The longest cached page-aligned prefix of ``tokens`` under ``salt``.
@@ -161,6 +169,7 @@ class RadixTree:
             leaf.last_access = self._clock
             self.node_count += 1
             self.evictable_tokens += len(leaf.key)
+            self._salt_tokens[salt] = self._salt_tokens.get(salt, 0) + len(leaf.key)
             self._push(leaf)
             self._emit("insert", leaf)
             got.append(leaf.value)
@@ -205,6 +214,33 @@ class RadixTree:
                 break
             freed += len(node.key)
             self._remove_leaf(node)
+        return freed
+
+    def evict_namespace(self, prefix: str, num_tokens: int) -> int:
+        """``evict`` restricted to the runs whose salt starts with ``prefix``: their unlocked
+        leaves go by policy until ``num_tokens`` are freed or none is left. Returns the tokens
+        freed."""
+        heap: list[tuple] = []
+        order = itertools.count()  # ties by discovery; a plain heap, since the tree's own heap
+        # marks the nodes it queues
+
+        def offer(node: TreeNode) -> None:
+            if is_evictable_leaf(node):
+                heapq.heappush(heap, (self._heap.priority(node), next(order), node))
+
+        stack = [c for c in self.root.children.values() if c.salt.startswith(prefix)]
+        while stack:
+            node = stack.pop()
+            offer(node)
+            stack.extend(node.children.values())
+        freed = 0
+        while freed < num_tokens and heap:
+            node = heapq.heappop(heap)[2]
+            parent = _parent(node)
+            freed += len(node.key)
+            self._remove_leaf(node)
+            if parent is not self.root:
+                offer(parent)
         return freed
 
     def evict_prefix(self, tokens: np.ndarray, salt: str | None = None) -> int:
@@ -253,6 +289,7 @@ class RadixTree:
         Raises IntegrityError on the first broken invariant.
         """
         ps, evictable, protected, nodes, owned = self.page_size, 0, 0, 0, []
+        by_salt: dict[str, int] = {}
         stack = [self.root]
         while stack:
             node = stack.pop()
@@ -273,8 +310,10 @@ class RadixTree:
                 protected += len(node.key)
             else:
                 evictable += len(node.key)
+            by_salt[node.salt] = by_salt.get(node.salt, 0) + len(node.key)
         counters = (self.evictable_tokens, self.protected_tokens, self.node_count)
         check(counters == (evictable, protected, nodes), f"counters {counters} != walk {(evictable, protected, nodes)}")
+        check(self._salt_tokens == by_salt, f"tokens by salt {self._salt_tokens} != walk {by_salt}")
         pages = _concat(owned)
         check(not self.allocator.any_free(pages), "the tree owns a free page")
         return pages
@@ -327,6 +366,11 @@ class RadixTree:
         self.allocator.free(node.value)
         self.evictable_tokens -= len(node.key)
         self.evicted_tokens_total += len(node.key)
+        left = self._salt_tokens[node.salt] - len(node.key)
+        if left:
+            self._salt_tokens[node.salt] = left
+        else:
+            del self._salt_tokens[node.salt]
         self.node_count -= 1
         self._push(parent)
 

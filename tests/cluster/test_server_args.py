@@ -7,10 +7,12 @@ import logging
 
 import pytest
 
+from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.server_args import (
     ServerArgs,
     add_cli_args,
     load_tenant_keys,
+    load_tenant_quotas,
     replica_argv,
     server_args_from_namespace,
 )
@@ -130,12 +132,20 @@ def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path)
     good = tmp_path / "keys.json"
     good.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')
     assert load_tenant_keys(str(good)) == {"ka": "alpha", "kb": "beta"}
+    assert load_tenant_quotas(str(good)) == {}
+    good.write_text(
+        '{"ka": {"tenant": "alpha", "max_cached_tokens": 4096, "max_running_requests": 2}, "kb": {"tenant": "beta"}}'
+    )
+    assert load_tenant_quotas(str(good)) == {"alpha": TenantQuota(max_cached_tokens=4096, max_running_requests=2)}
     assert parse("--api-key-file", str(good)).api_key_file == str(good)
     for text, words in (
         ("not json", "--api-key-file"),
         ("[]", "expected"),
         ('{"ka": {"name": "alpha"}}', "tenant"),
-        ('{"ka": {"tenant": "alpha", "max_cached_tokens": 5}}', "max_cached_tokens"),
+        ('{"ka": {"tenant": "alpha", "max_cache": 5}}', "unknown fields"),
+        ('{"ka": {"tenant": "alpha", "max_cached_tokens": 0}}', "max_cached_tokens must be a positive integer"),
+        ('{"ka": {"tenant": "alpha", "max_running_requests": "2"}}', "max_running_requests must be"),
+        ('{"ka": {"tenant": "a", "max_running_requests": 2}, "kb": {"tenant": "a"}}', "other quotas"),
     ):
         bad = tmp_path / "bad.json"
         bad.write_text(text)

@@ -4,6 +4,7 @@ its runs; the admin key guards the control calls; the page and the tree snapshot
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -30,13 +31,14 @@ FLOOD = [f"{word} " + "apples and oranges are fruit, and carrots are not. " * 8 
 POLL_LIMIT_S = 120
 
 
-TENANTS = {"ka": "alpha", "kb": "beta"}  # --api-key-file: key -> tenant
+TENANTS = {"ka": "alpha", "kb": "beta", "kc": "gamma"}  # --api-key-file: key -> tenant
+QUOTAS = {"gamma": {"max_cached_tokens": 120, "max_running_requests": 1}}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     keys = tmp_path_factory.mktemp("keys") / "keys.json"
-    keys.write_text(json.dumps({key: {"tenant": name} for key, name in TENANTS.items()}))
+    keys.write_text(json.dumps({key: {"tenant": name, **QUOTAS.get(name, {})} for key, name in TENANTS.items()}))
     flags = (
         "--max-total-tokens",
         str(POOL),
@@ -222,8 +224,9 @@ def test_the_page_draws_the_tree_growing_and_the_shared_node_hit(server, chromiu
     print(f"cache page screenshot: {shot}")
 
 
-def as_tenant(server: ServerHandle, key: str, text: str, **fields: Any) -> dict[str, Any]:
-    body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, **fields}
+def as_tenant(server: ServerHandle, key: str, text: str, max_new_tokens: int = 1, **fields: Any) -> dict[str, Any]:
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+    body = {"text": text, "sampling_params": params, **fields}
     resp = requests.post(
         server.url + "/generate", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT_S
     )
@@ -253,3 +256,27 @@ def test_tenants_never_share_cached_tokens_whatever_salt_they_send(server):
     )
     own = requests.get(server.url + "/cache/tree", headers={"Authorization": "Bearer ka"}, timeout=TIMEOUT_S).json()
     assert own["root"]["subtree_tokens"] == first["prompt_tokens"]  # alpha's run only, not beta's or the plain one
+
+
+def test_a_tenant_over_its_quotas_evicts_its_own_prefixes_and_runs_one_request_at_a_time(server):
+    first, second = (f"{word} " + "pears and plums grow on trees in the orchard. " * 6 for word in "XY")
+    prompt_tokens = as_tenant(server, "kc", first)["prompt_tokens"]
+    assert 60 < prompt_tokens <= 120  # one run fits the quota of 120 tokens, two do not
+    other = as_tenant(server, "ka", second)  # another tenant's run is not gamma's to evict
+    as_tenant(server, "kc", second)
+    gamma = cache_info(server)["tenants"]["gamma"]
+    assert 0 < gamma["cached_tokens"] <= 120
+    assert metric_value(server, 'radixcluster_tenant_tree_tokens{tenant="gamma"}') == gamma["cached_tokens"]
+    assert as_tenant(server, "kc", second)["cached_tokens"] > 0  # the newer run stayed
+    assert as_tenant(server, "ka", second)["cached_tokens"] == other["prompt_tokens"] - 1
+    assert as_tenant(server, "kc", first)["cached_tokens"] == 0  # the older one made room
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(as_tenant, server, "kc", f"Count to {n}:", 24) for n in (10, 20, 30)]
+        running, waiting = [], []
+        while not all(f.done() for f in futures):
+            running.append(metric_value(server, "radixcluster_num_running_reqs"))
+            waiting.append(metric_value(server, "radixcluster_num_waiting_reqs"))
+            time.sleep(0.05)
+        assert all(f.result()["completion_tokens"] == 24 for f in futures)
+    assert max(running) == 1 and max(waiting) >= 1

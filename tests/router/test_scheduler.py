@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from radixcluster.protocol import SamplingParams, StepResult
 from radixcluster.router.request import Request
+from radixcluster.router.request_intake import tenant_namespace, tenant_salt
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
+from radixcluster.router.tenant_quota import TenantQuota
 from support.stand_in_executor import StandInExecutor, next_token, reference_generate
 
 EOS = 7
@@ -488,3 +490,56 @@ def test_decodes_sharing_a_cached_prompt_are_grouped(page_size: int) -> None:
     assert fwd.prefix_group_lens[groups[0]] == 64
     run(s, ex)
     check_outputs([*reqs, loner])
+
+
+# ---------------------------------------------------------------- tenant quotas
+
+
+def tenant_req(rid: str, prompt, tenant: str, max_new: int = 8) -> Request:
+    r = req(rid, prompt, max_new, salt=tenant_salt(tenant, None))
+    r.tenant = tenant
+    return r
+
+
+def test_a_tenant_at_its_running_quota_waits_while_other_tenants_run() -> None:
+    s, ex = make(tenant_quotas={"a": TenantQuota(max_running_requests=1)})
+    reqs = [tenant_req(f"a{i}", rand(20, i), "a") for i in range(3)]
+    reqs += [tenant_req(f"b{i}", rand(20, 10 + i), "b") for i in range(2)]
+    for r in reqs:
+        s.add_request(r)
+    first = s.schedule()
+    assert [r.rid for r in first.requests] == ["a0", "b0", "b1"]
+    s.process_result(first, ex(first.forward))
+    most = 0
+    while not s.is_idle():
+        step(s, ex)
+        most = max(most, sum(r.tenant == "a" for r in s.running + s.prefilling))
+    assert most == 1
+    check_outputs(reqs)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_a_tenant_over_its_cache_quota_evicts_its_own_oldest_runs(page_size: int) -> None:
+    s, ex = make(num_pages=1024, page_size=page_size, tenant_quotas={"a": TenantQuota(max_cached_tokens=100)})
+    run_len = 65 // page_size * page_size
+    a, b = tenant_namespace("a"), tenant_namespace("b")
+    for i in range(3):
+        s.add_request(tenant_req(f"b{i}", rand(65, 20 + i), "b", max_new=0))
+    run(s, ex)
+    prompts = [rand(65, i) for i in range(4)]
+    for i, prompt in enumerate(prompts):
+        s.add_request(tenant_req(f"a{i}", prompt, "a", max_new=0))
+        run(s, ex)
+        assert s.tree.namespace_tokens(a) <= 100
+    assert s.tree.namespace_tokens(b) == 3 * run_len  # the other tenant's runs stay
+    assert s.tree.match_prefix(prompts[-1], a).length == run_len  # the newest run stays
+    assert s.tree.match_prefix(prompts[0], a).length == 0
+    assert s.stats()["tenants"]["a"]["cached_tokens"] == s.tree.namespace_tokens(a)
+    # a running request's pages count but stay until it ends; then the quota binds again
+    big = tenant_req("big", rand(150, 9), "a", max_new=4)
+    s.add_request(big)
+    step(s, ex)
+    assert s.tree.namespace_tokens(a) >= 144
+    run(s, ex)
+    assert s.tree.namespace_tokens(a) <= 100
+    check_outputs([big])

@@ -54,8 +54,11 @@ class NaiveCache:
         salt, toks = key
         return not any(s == salt and len(t) == len(toks) + self.ps and t[: len(toks)] == toks for s, t in self.page)
 
-    def evictable_tokens(self) -> int:
-        return self.ps * sum(1 for key in self.page if not self.locks.get(key))
+    def evictable_tokens(self, namespace: str = "") -> int:
+        return self.ps * sum(1 for key in self.page if not self.locks.get(key) and key[0].startswith(namespace))
+
+    def tokens(self, namespace: str) -> int:
+        return self.ps * sum(1 for key in self.page if key[0].startswith(namespace))
 
 
 def page_blocks(page_size: int) -> list[list[int]]:
@@ -79,6 +82,7 @@ def make_machine(page_size: int, policy: str):
             self.tree = RadixTree(self.alloc, page_size, policy, on_event=self.on_event)
             self.model = NaiveCache(page_size)
             self.handles: list[tuple[TreeNode, str, list[int], int, list[int]]] = []
+            self.evicting_in = ""  # the namespace an eviction in progress is limited to
 
         def on_event(self, kind: str, node: TreeNode) -> None:
             salt, toks = node_path(self.tree, node)
@@ -92,7 +96,9 @@ def make_machine(page_size: int, policy: str):
             assert self.model.is_leaf(keys[-1]), "evicted a node that is not a leaf"
             if policy == "lru":
                 oldest = min(
-                    self.model.time[k] for k in self.model.page if not self.model.locks.get(k) and self.model.is_leaf(k)
+                    self.model.time[k]
+                    for k in self.model.page
+                    if not self.model.locks.get(k) and self.model.is_leaf(k) and k[0].startswith(self.evicting_in)
                 )
                 assert self.model.time[keys[-1]] == oldest, "eviction is not LRU"
             for k in keys:
@@ -156,6 +162,16 @@ def make_machine(page_size: int, policy: str):
             freed = self.tree.evict(tokens)
             assert freed >= min(tokens, evictable)
 
+        @rule(tokens=st.integers(0, 60), namespace=st.sampled_from(["", "t", "x"]))
+        def evict_namespace(self, tokens: int, namespace: str) -> None:
+            evictable = self.model.evictable_tokens(namespace)
+            outside = self.tree.cached_tokens - self.tree.namespace_tokens(namespace)
+            self.evicting_in = namespace
+            freed = self.tree.evict_namespace(namespace, tokens)
+            self.evicting_in = ""
+            assert freed >= min(tokens, evictable)
+            assert self.tree.cached_tokens - self.tree.namespace_tokens(namespace) == outside, "evicted outside"
+
         @invariant()
         def consistent(self) -> None:
             owned = self.tree.check_integrity()
@@ -166,6 +182,7 @@ def make_machine(page_size: int, policy: str):
             )
             assert self.tree.evictable_tokens == self.model.evictable_tokens()
             assert self.tree.cached_tokens == page_size * len(self.model.page)
+            assert self.tree.namespace_tokens("t") == self.model.tokens("t")
             for node, _, _, _n, pages in self.handles:
                 assert self.tree.path_pages(node).tolist() == pages, "a locked match's pages changed"
 
