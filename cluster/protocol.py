@@ -67,6 +67,16 @@ class SamplingParams:
 
 @message
 @dataclass(slots=True)
+class PromptPin:
+    """Pin a prefix of the request's prompt once its prefill is done (an OpenAI request's
+    ``cache_control``): the chat's first ``messages`` messages, or the whole prompt (None)."""
+
+    ttl_s: float
+    messages: int | None = None
+
+
+@message
+@dataclass(slots=True)
 class GenerateRequest:
     """One generation (the api expands batches and ``n`` into several).
 
@@ -90,6 +100,7 @@ class GenerateRequest:
     # the tenant whose API key sent it (--api-key-file): the router keys its cache by it, whatever
     # the client's cache_salt, and counts its tokens per tenant
     tenant: str | None = None
+    pins: list[PromptPin] = field(default_factory=list)
 
 
 @message
@@ -119,6 +130,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    pinned_tokens: int = 0  # what the request's pins hold, once its prefill is done
     # per new output token: [logprob, token id, [[top logprob, top id], ...]]
     output_logprobs: list[list[Any]] = field(default_factory=list)
     # prompt tokens from logprob_start_len on: [logprob or None, token id]

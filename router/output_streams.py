@@ -137,6 +137,7 @@ class OutputStreams:
         out.prompt_tokens = req.prompt_len
         out.completion_tokens = len(req.output_ids)
         out.cached_tokens = req.cached_tokens
+        out.pinned_tokens = req.pinned_tokens
         stream.sent_ids = len(req.output_ids)
         stream.sent_logprobs = len(req.output_logprobs)
         stream.held = None if stream.stream else out

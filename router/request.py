@@ -38,6 +38,8 @@ class Request:
     logprob_start_len: int = -1
     # regex / json_schema / ebnf matcher; None: unconstrained
     grammar: RequestGrammar | None = None
+    # prefixes of the prompt to pin once it is computed: (token ids, ttl in seconds)
+    pins: list[tuple[np.ndarray, float]] = field(default_factory=list)
 
     state: ReqState = field(default=ReqState.WAITING, init=False)
     output_ids: list[int] = field(default_factory=list, init=False)
@@ -46,6 +48,7 @@ class Request:
     cached_tokens: int = field(default=0, init=False)
     admitted_once: bool = field(default=False, init=False)
     retractions: int = field(default=0, init=False)
+    pinned_tokens: int = field(default=0, init=False)  # what its pins hold (refused ones: nothing)
     group_losses: int = field(default=0, init=False)  # TP groups lost while it was admitted
     # per output token when return_logprob: [logprob, token id, [[top logprob, top id], ...]]
     output_logprobs: list[list[Any]] = field(default_factory=list, init=False)

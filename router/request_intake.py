@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
@@ -119,8 +119,21 @@ class RequestIntake:
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),
+            pins=[(self._pin_prefix(msg, pin, ids), pin.ttl_s) for pin in msg.pins],
         )
         return request, text
+
+    def _pin_prefix(self, msg: GenerateRequest, pin: PromptPin, ids: np.ndarray) -> np.ndarray:
+        """The token ids a pin names: the whole prompt, or its chat's first ``pin.messages``
+        messages rendered as the template renders them inside the whole chat."""
+        if not pin.ttl_s > 0:
+            raise RequestRejected(f"a pin's ttl must be positive, got {pin.ttl_s}")
+        if pin.messages is None:
+            return ids.astype(np.int32)
+        if msg.messages is None or not 1 <= pin.messages <= len(msg.messages):
+            raise RequestRejected(f"a pin names {pin.messages} messages of a chat of {len(msg.messages or [])}")
+        text = self.tokenizer.apply_chat_template(msg.messages[: pin.messages], add_generation_prompt=False)
+        return self._encode(text, False).astype(np.int32)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         total = prompt_len + max_new_tokens

@@ -23,6 +23,7 @@ from radixcluster.protocol import StepResult
 from radixcluster.router.batch_builder import ScheduledBatch, build_forward, build_prefill
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.page_allocator import PageAllocator
+from radixcluster.router.cache.pin_table import PinRefused
 from radixcluster.router.cache.radix_tree import RadixTree, TreeEventHook
 from radixcluster.router.cache.slot_pool import SlotPool
 from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
@@ -277,6 +278,20 @@ class Scheduler:
         self._idle_checked = False
         return admitted
 
+    def _pin_prompt(self, req: Request) -> None:
+        """Pin the prefixes the request asked for, now that its prompt is in the tree (again
+        after a retraction or a lost group: the TTL restarts). A refused pin costs the request
+        nothing: it is logged, and ``pinned_tokens`` says what was pinned."""
+        if not req.pins:
+            return
+        now, pinned = time.monotonic(), []
+        for tokens, ttl_s in req.pins:
+            try:
+                pinned.append(self.cache.pin(tokens, req.cache_salt, ttl_s, now))
+            except PinRefused as exc:
+                logger.warning("request %s: its pin of %d tokens was refused: %s", req.rid, len(tokens), exc)
+        req.pinned_tokens = max((p.tokens for p in pinned), default=0)
+
     def _trim_to_cache_quota(self, tenant: str | None) -> None:
         """A tenant over its max_cached_tokens evicts its own unlocked runs (by policy) down to
         it; what its running requests and pins hold stays, so the quota binds once they end."""
@@ -314,6 +329,7 @@ class Scheduler:
                 self._trim_to_cache_quota(req.tenant)
                 if req.num_computed < req.fill_len:
                     continue  # a chunk: its sampled token is ignored
+                self._pin_prompt(req)
                 if req.sampling.max_new_tokens == 0:
                     self._finish(req, {"type": "length", "length": 0}, publish=True)
                     touched.append(req)

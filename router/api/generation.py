@@ -46,6 +46,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    pinned_tokens: int = 0
     input_logprobs: list[list[Any]] = field(default_factory=list)
     input_top_logprobs: list[Any] = field(default_factory=list)
     e2e_latency: float = 0.0
@@ -122,6 +123,7 @@ class _Progress:
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
+            pinned_tokens=out.pinned_tokens,
             input_logprobs=last.input_logprobs + out.input_logprobs if out.input_logprobs else last.input_logprobs,
             input_top_logprobs=(
                 last.input_top_logprobs + out.input_top_logprobs if out.input_top_logprobs else last.input_top_logprobs

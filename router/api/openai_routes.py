@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster.protocol import GenerateRequest
+from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.generation import (
@@ -38,16 +39,20 @@ def finish_reason(gen: Generation) -> str | None:
     return _FINISH_REASONS.get(kind, kind)
 
 
-def usage(gens: list[Generation], n: int) -> dict[str, Any]:
-    """Token counts of a response; a prompt sampled ``n`` times counts once."""
-    firsts = gens[::n]
+def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
+    """Token counts of a response; a prompt sampled ``n`` times counts once. With
+    ``cache_control``, ``pinned_tokens``: the longest prefix its pins hold."""
+    firsts = gens[:: body.n]
     prompt = sum(g.prompt_tokens for g in firsts)
     completion = sum(g.completion_tokens for g in gens)
+    details = {"cached_tokens": sum(g.cached_tokens for g in firsts)}
+    if body.pins():
+        details["pinned_tokens"] = max(g.pinned_tokens for g in gens)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(g.cached_tokens for g in firsts)},
+        "prompt_tokens_details": details,
     }
 
 
@@ -91,6 +96,7 @@ def _requests(
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs,
             cache_salt=body.cache_salt,
+            pins=body.pins(),
             **inputs[k // body.n],
         )
         for k, rid in enumerate(rids)
@@ -116,7 +122,7 @@ async def _completion_chunks(
             }
             yield {**head, "choices": [choice]}
     if body.include_usage:
-        yield {**head, "choices": [], "usage": usage(latest, body.n)}
+        yield {**head, "choices": [], "usage": usage(latest, body)}
 
 
 async def _chat_chunks(
@@ -139,15 +145,22 @@ async def _chat_chunks(
         if gen.finished:
             yield chunk(index, {}, reason=finish_reason(gen))
     if body.include_usage:
-        yield {**head, "choices": [], "usage": usage(latest, body.n)}
+        yield {**head, "choices": [], "usage": usage(latest, body)}
 
 
 def openai_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     model = ctx.config.served_model_name
 
-    def run(requests: list[GenerateRequest], deadline_s: float | None) -> list[AsyncIterator[Generation]]:
-        deadline = deadline_of(deadline_s)
+    pinner = admin_check(ctx.config.admin_api_key)
+
+    def run(
+        request: Request, body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int
+    ) -> list[AsyncIterator[Generation]]:
+        if body.pins():
+            pinner(request)  # a pin is a cache-control call: with an admin key, only its holder's
+        deadline = deadline_of(body.deadline_s)
+        requests = _requests(body, inputs, return_logprob, top_logprobs)
         return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
@@ -167,7 +180,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         body = CompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
-        streams = run(_requests(body, inputs, wants_logprobs, body.logprobs or 0), body.deadline_s)
+        streams = run(request, body, inputs, wants_logprobs, body.logprobs or 0)
         if body.stream:
             head = _head("text_completion", "cmpl", model)
             return await start_stream(request, _completion_chunks(streams, body, head))
@@ -181,15 +194,13 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             }
             for i, g in enumerate(gens)
         ]
-        return JSONResponse(
-            {**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body.n)}
-        )
+        return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"messages": [m.as_dict() for m in body.messages]}]
-        streams = run(_requests(body, inputs, body.logprobs, body.top_logprobs or 0), body.deadline_s)
+        streams = run(request, body, inputs, body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
             return await start_stream(request, _chat_chunks(streams, body, head))
@@ -204,7 +215,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             for i, g in enumerate(gens)
         ]
         return JSONResponse(
-            {**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body.n)}
+            {**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body)}
         )
 
     return router

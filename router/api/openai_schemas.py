@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from radixcluster.protocol import PromptPin
+from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
     Deadline,
@@ -76,6 +78,7 @@ class OpenAIRequest(BaseModel):
     rid: Key | None = None
     cache_salt: Key | None = None
     deadline_s: Deadline = None
+    cache_control: CacheControlIn | None = None  # pin the whole prompt
 
     @model_validator(mode="before")
     @classmethod
@@ -90,6 +93,10 @@ class OpenAIRequest(BaseModel):
     def sampling(self) -> SamplingParamsIn:
         """The request's sampling parameters in SGLang's terms (each endpoint has its own)."""
         raise NotImplementedError
+
+    def pins(self) -> list[PromptPin]:
+        """The prefixes its ``cache_control`` fields ask to pin."""
+        return [PromptPin(self.cache_control.ttl)] if self.cache_control is not None else []
 
     def _sampling(self, max_new_tokens: int, **overrides: Any) -> SamplingParamsIn:
         """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
@@ -142,6 +149,7 @@ class ContentPart(BaseModel):
 
     type: Literal["text"]
     text: str
+    cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
 
 
 class ChatMessageIn(BaseModel):
@@ -149,6 +157,13 @@ class ChatMessageIn(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
+
+    def marker(self) -> CacheControlIn | None:
+        """Its ``cache_control``, or that of its last content part that has one."""
+        parts = self.content if isinstance(self.content, list) else []
+        marked = [p.cache_control for p in parts if p.cache_control is not None]
+        return self.cache_control or (marked[-1] if marked else None)
 
     def as_dict(self) -> dict[str, Any]:
         content = self.content
@@ -199,3 +214,7 @@ class ChatCompletionIn(OpenAIRequest):
         )
         schema = self.response_format.grammar() if self.response_format is not None else None
         return self._sampling(limit, json_schema=schema)
+
+    def pins(self) -> list[PromptPin]:
+        marked = [(i, m.marker()) for i, m in enumerate(self.messages)]
+        return [PromptPin(c.ttl, i + 1) for i, c in marked if c is not None] + super().pins()

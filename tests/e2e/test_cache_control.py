@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from html.parser import HTMLParser
 from typing import Any
 
+import openai
 import pytest
 import requests
 
@@ -280,3 +281,30 @@ def test_a_tenant_over_its_quotas_evicts_its_own_prefixes_and_runs_one_request_a
             time.sleep(0.05)
         assert all(f.result()["completion_tokens"] == 24 for f in futures)
     assert max(running) == 1 and max(waiting) >= 1
+
+
+def test_openai_requests_pin_through_the_cache_control_field(server):
+    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="boss", timeout=TIMEOUT_S, max_retries=0)
+    model = sdk.models.list().data[0].id
+    system = {"role": "system", "content": PINNED, "cache_control": {"type": "ephemeral", "ttl": "10m"}}
+
+    def ask(question: str, client: openai.OpenAI = sdk) -> Any:
+        messages = [system, {"role": "user", "content": question}]
+        return client.chat.completions.create(model=model, messages=messages, max_tokens=2, temperature=0)
+
+    first = ask("Name a river.").usage
+    pinned = first.prompt_tokens_details.pinned_tokens
+    assert 40 < pinned < first.prompt_tokens - 4  # the system message, not the question
+    assert [p["tokens"] for p in cache_info(server)["pins"]] == [pinned]
+    flood(server)
+    assert ask("Name a mountain.").usage.prompt_tokens_details.cached_tokens == pinned
+
+    completion = sdk.completions.create(
+        model=model, prompt=HEADER, max_tokens=1, extra_body={"cache_control": {"ttl": 60}}
+    ).usage
+    assert completion.prompt_tokens_details.pinned_tokens == completion.prompt_tokens
+    plain = openai.OpenAI(base_url=server.url + "/v1", api_key="k", timeout=TIMEOUT_S, max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="admin key"):
+        ask("Name a lake.", plain)
+    with pytest.raises(openai.BadRequestError, match="ttl"):
+        sdk.completions.create(model=model, prompt="hi", max_tokens=1, extra_body={"cache_control": {"ttl": "1y"}})

@@ -543,3 +543,23 @@ def test_a_tenant_over_its_cache_quota_evicts_its_own_oldest_runs(page_size: int
     run(s, ex)
     assert s.tree.namespace_tokens(a) <= 100
     check_outputs([big])
+
+
+def test_a_request_pins_its_prompt_once_computed_and_a_refused_pin_costs_it_nothing(caplog) -> None:
+    s, ex = make(num_pages=64, page_size=4, max_pinned_fraction=0.5)
+    shared = rand(40, 1)
+    pinned = req("pinned", np.concatenate([shared, rand(3, 2)]))
+    pinned.pins = [(shared, 60.0), (pinned.prompt_ids, 60.0)]
+    s.add_request(pinned)
+    run(s, ex)
+    assert pinned.pinned_tokens == 40  # the whole prompt's 43 tokens end inside a page: 40 are cached
+    assert s.cache.pins.pinned_tokens() == 40
+    greedy = req("greedy", rand(120, 3))
+    greedy.pins = [(greedy.prompt_ids, 60.0)]  # over the 128 tokens pins may hold with the first
+    s.add_request(greedy)
+    run(s, ex)
+    assert greedy.pinned_tokens == 0 and "refused" in caplog.text
+    check_outputs([pinned, greedy])
+    s.add_request(req("flood", rand(200, 4)))  # needs every page but the pinned ones
+    run(s, ex)
+    assert s.tree.match_prefix(shared).length == 40

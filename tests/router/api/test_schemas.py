@@ -8,6 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from radixcluster.protocol import PromptPin
 from radixcluster.router.api.errors import ApiError, describe_validation_error, parse_json
 from radixcluster.router.api.native_schemas import (
     MAX_GENERATIONS,
@@ -78,6 +79,23 @@ OPENAI = {
     "chat deadline": (ChatCompletionIn, {"messages": CHAT, "deadline_s": -1}, "deadline_s"),
     "chat long rid": (ChatCompletionIn, {"messages": CHAT, "rid": "r" * (MAX_KEY_CHARS + 1)}, "rid"),
     "completion long cache_salt": (CompletionIn, {"prompt": "hi", "cache_salt": "s" * 200_000}, "cache_salt"),
+    "chat cache_control ttl over a week": (
+        ChatCompletionIn,
+        {"messages": CHAT, "cache_control": {"ttl": "169h"}},
+        "ttl",
+    ),
+    "completion cache_control ttl of zero": (CompletionIn, {"prompt": "hi", "cache_control": {"ttl": 0}}, "ttl"),
+    "chat cache_control ttl unreadable": (
+        ChatCompletionIn,
+        {"messages": [{"role": "user", "content": "hi", "cache_control": {"ttl": "5 minutes"}}]},
+        "ttl",
+    ),
+    "chat cache_control of another type": (
+        ChatCompletionIn,
+        {"messages": CHAT, "cache_control": {"type": "persistent"}},
+        "cache_control.type",
+    ),
+    "chat cache_control with a typo": (ChatCompletionIn, {"messages": CHAT, "cache_control": {"tll": 5}}, "tll"),
     "chat response_format bomb": (
         ChatCompletionIn,
         {
@@ -150,3 +168,22 @@ def test_paired_surrogates_and_deep_nesting() -> None:
         parse_json(b"[" * 100_000 + b"]" * 100_000)
     assert info.value.status == 400 and "nested" in info.value.message
     assert json.loads(b'{"a": Infinity}')  # JSON's extension the parser allows; the schemas refuse it
+
+
+def test_cache_control_marks_pin_the_chat_up_to_their_message_or_the_whole_prompt() -> None:
+    marked = {"type": "ephemeral"}
+    body = ChatCompletionIn.model_validate(
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief.", "cache_control": {**marked, "ttl": "1h"}},
+                {"role": "user", "content": [{"type": "text", "text": "Q1", "cache_control": marked}]},
+                {"role": "assistant", "content": "A1"},
+                {"role": "user", "content": "Q2"},
+            ],
+            "cache_control": {"ttl": 90},
+        }
+    )
+    assert body.pins() == [PromptPin(3600.0, 1), PromptPin(300.0, 2), PromptPin(90.0)]
+    assert body.messages[1].as_dict() == {"role": "user", "content": "Q1"}  # the template sees text only
+    assert CompletionIn.model_validate({"prompt": "hi", "cache_control": {"ttl": "90s"}}).pins() == [PromptPin(90.0)]
+    assert CompletionIn.model_validate({"prompt": "hi"}).pins() == []
