@@ -39,6 +39,8 @@ SAMPLES = [
         cache_salt="tenant",
     ),
     p.GenerateRequest(rid="b", sampling=p.SamplingParams(), messages=[{"role": "user", "content": "hi"}], stream=True),
+    p.GenerateRequest(rid="c", sampling=p.SamplingParams(), text="hi", pins=[p.PromptPin(60.0), p.PromptPin(5.0, 1)]),
+    p.PromptPin(300.0, 2),
     p.AbortRequest(rid="a"),
     p.RequestOutput(
         rid="a",
