@@ -101,6 +101,13 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {ns.shutdown_timeout}")
     api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
+    tenant_keys = load_tenant_keys(ns.api_key_file) if ns.api_key_file else {}
+    replica_api_key = ns.replica_api_key or api_key or admin_api_key
+    if tenant_keys and replica_api_key is None:
+        raise ValueError(
+            "replicas with tenants' keys refuse a call without a key: give the gateway's own one "
+            "(--replica-api-key, or --api-key / --admin-api-key)"
+        )
     return GatewayConfig(
         host=ns.host,
         port=ns.port,
@@ -108,9 +115,9 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         replicas=list(ns.replica),
         discover=ns.discover,
         api_key=api_key,
-        replica_api_key=ns.replica_api_key or api_key or admin_api_key,
+        replica_api_key=replica_api_key,
         admin_api_key=admin_api_key,
-        tenant_keys=load_tenant_keys(ns.api_key_file) if ns.api_key_file else {},
+        tenant_keys=tenant_keys,
         routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
         health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
         log_level=ns.log_level,

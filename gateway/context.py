@@ -62,7 +62,8 @@ def named(replicas: list[Replica], name: str | None) -> Replica:
     if found is None:
         raise ApiError(404, f"no replica {name!r}: name one by its URL or its index in GET /replicas")
     if not found.available:
-        raise ApiError(503, f"replica {found.url} is not available: {found.last_error}")
+        why = f": {found.last_error}" if found.last_error else ""
+        raise ApiError(503, f"replica {found.url} is not available{why}")
     return found
 
 

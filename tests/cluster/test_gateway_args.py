@@ -45,6 +45,9 @@ def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, mo
     assert not parse("--replica=http://a:1", "--api-key=k").passes_client_keys
     with pytest.raises(ValueError, match="--api-key-file"):
         parse("--replica=http://a:1", f"--api-key-file={tmp_path / 'missing.json'}")
+    with pytest.raises(ValueError, match="--replica-api-key"):  # its polls would all be refused
+        parse("--replica=http://a:1", f"--api-key-file={keys}")
+    assert parse("--replica=http://a:1", f"--api-key-file={keys}", "--replica-api-key=r").replica_api_key == "r"
 
 
 @pytest.mark.parametrize(
