@@ -23,6 +23,7 @@ import radixcluster.lang as sgl
 from radixcluster.bench.report import format_table
 from radixcluster.process_tree import descendants
 from support.api_helpers import get, metric_value, post
+from support.cache_page import page_nodes
 from support.servers import ServerHandle, launch_server, radixcluster_command, wait_replicas
 
 pytestmark = pytest.mark.slow
@@ -283,3 +284,9 @@ def test_a_pin_draws_its_prefix_tenants_stay_apart_and_evict_frees_it(cluster) -
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             assert ADMIN_KEY.encode() not in cmdline and API_KEY.encode() not in cmdline
+
+
+def test_the_cache_page_at_the_gateway_draws_the_replica_chosen(cluster, chromium) -> None:
+    page = page_nodes(chromium, f"{cluster.url}/cache#key={API_KEY}")
+    assert page.options_of["replica"] == list(replicas(cluster))  # the selector, the first available one chosen
+    assert int(page.text_of["tree-nodes"]) == get(cluster, "/cache_info?replica=0").json()["tree_nodes"]
