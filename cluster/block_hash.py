@@ -1,7 +1,9 @@
 """Names of cached KV blocks, shared by the routers (who publish them) and the gateway (who
 matches prompts against them): a page-aligned block of tokens is named by a 64-bit hash of
 the cache salt and every token from the start of the sequence to the block's end, so one name
-stands for the block together with its whole parent chain.
+stands for the block together with its whole parent chain. A tenant's (--api-key-file) salt
+is its own namespace (``tenant_salt``), so a gateway that knows the tenant names its blocks as
+the router does.
 
 The hash is a running sum of mixed (position, token) terms: the state after any prefix is
 one number, the block names of a run of tokens follow from the state before it in a few
@@ -55,3 +57,26 @@ def extend(state: int, tokens: np.ndarray, start: int, page_size: int) -> tuple[
 def prefix_block_hashes(tokens: np.ndarray, page_size: int, salt: str | None) -> np.ndarray:
     """The names of every full page of ``tokens`` from the start of the sequence."""
     return extend(initial_state(salt), tokens, 0, page_size)[0]
+
+
+# a tenant's cache namespace starts with this; a salt sent without a tenant may not, so no
+# client can name another tenant's prefixes
+TENANT_SALT_PREFIX = "\x00tenant\x00"
+
+
+class ForgedSalt(ValueError):
+    """A cache salt, sent without a tenant, that names a tenant's namespace."""
+
+
+def tenant_salt(tenant: str | None, cache_salt: str | None) -> str | None:
+    """The tree's cache salt of a request: the client's, inside its tenant's namespace if any."""
+    if tenant is None:
+        if cache_salt is not None and cache_salt.startswith(TENANT_SALT_PREFIX):
+            raise ForgedSalt("cache_salt (with extra_key) may not start with the bytes \\x00tenant\\x00")
+        return cache_salt
+    return tenant_namespace(tenant) + (cache_salt or "")
+
+
+def tenant_namespace(tenant: str) -> str:
+    """What every cache salt of ``tenant`` starts with (no tenant name holds \\x00)."""
+    return f"{TENANT_SALT_PREFIX}{tenant}\x00"

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -24,19 +26,47 @@ from radixcluster.model_path import resolve_model_path
 from radixcluster.process_tree import descendants, kill_survivors
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.replica_plan import machine_cpus
-from radixcluster.server_args import ServerArgs, replica_argv
+from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
 
 logger = logging.getLogger("radixcluster")
 
 # what each replica gets from `up` itself rather than from the user's flags
-# (the API key goes in the environment, out of sight of ps)
-REPLICA_OWN_FLAGS = ("host", "port", "dp_size", "ray_address", "node_ip_address", "kv_events_address", "api_key")
+# (the keys go in the environment, out of sight of ps)
+REPLICA_OWN_FLAGS = (
+    "host",
+    "port",
+    "dp_size",
+    "ray_address",
+    "node_ip_address",
+    "kv_events_address",
+    "api_key",
+    "admin_api_key",
+)
 MAX_RESTARTS = 5  # per replica; a replica that keeps dying ends the whole command
 READY_TIMEOUT_S = 120
 
 
 class _Stop(Exception):
     """SIGTERM or Ctrl-C arrived while starting."""
+
+
+@dataclass(slots=True, frozen=True)
+class ClusterKeys:
+    """``api_key``: the replicas' and the gateway's API key; ``own``: the key of the command's
+    own calls (the gateway's polls of the replicas, the readiness check)."""
+
+    api_key: str | None
+    own: str | None
+
+
+def cluster_keys(args: ServerArgs) -> ClusterKeys:
+    """The user's API key, else the admin key, serves the command's own calls. With tenants' keys
+    alone every call needs a tenant's key: the replicas and the gateway then get an API key of
+    their own that no client holds."""
+    api_key = args.api_key
+    if api_key is None and args.admin_api_key is None and args.api_key_file is not None:
+        api_key = secrets.token_urlsafe(32)
+    return ClusterKeys(api_key, api_key or args.admin_api_key)
 
 
 def replica_nodes(nodes: list[dict[str, Any]], dp_size: int, tp_size: int, use_gpu: bool, first: str) -> list[str]:
@@ -62,6 +92,7 @@ class DataParallelLauncher:
         self.stopping = threading.Event()
         self.started = False
         self.runtime_dir = tempfile.mkdtemp(prefix="radixcluster-dp-")
+        self.keys = cluster_keys(args)
 
     def run(self) -> int:
         self._handle_signals()
@@ -106,10 +137,11 @@ class DataParallelLauncher:
         actor_cls = ray.remote(ReplicaProcess)
         address = ray.get_runtime_context().gcs_address
         argv = replica_argv(args, REPLICA_OWN_FLAGS)
+        keys = self.keys
         # a private cluster is this host alone: its replicas listen on loopback, for the gateway
         self.actors = [
             actor_cls.options(num_cpus=0, max_concurrency=2, resources={f"node:{ip}": 0.001}).remote(
-                argv, address, ip, "127.0.0.1" if private else ip, args.api_key
+                argv, address, ip, "127.0.0.1" if private else ip, keys.api_key, args.admin_api_key
             )
             for ip in ips
         ]
@@ -121,8 +153,10 @@ class DataParallelLauncher:
                 port=args.port,
                 model_path=resolve_model_path(args.model_path),
                 replicas=urls,
-                api_key=args.api_key,
-                replica_api_key=args.api_key,
+                api_key=keys.api_key,
+                replica_api_key=keys.own,
+                admin_api_key=args.admin_api_key,
+                tenant_keys=load_tenant_keys(args.api_key_file) if args.api_key_file else {},
                 log_level=args.log_level,
                 shutdown_timeout_s=args.shutdown_timeout,
             ),
@@ -134,7 +168,7 @@ class DataParallelLauncher:
         """Until the gateway serves and sees every replica available."""
         host = "127.0.0.1" if self.args.host in ("0.0.0.0", "::") else self.args.host
         url = f"http://{host}:{self.args.port}/replicas"
-        headers = {"Authorization": f"Bearer {self.args.api_key}"} if self.args.api_key else {}
+        headers = {"Authorization": f"Bearer {self.keys.own}"} if self.keys.own else {}
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.gateway is None or not self.gateway.is_alive():

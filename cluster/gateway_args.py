@@ -13,7 +13,7 @@ from radixcluster.gateway.config import (
     RoutingTunables,
 )
 from radixcluster.model_path import resolve_model_path
-from radixcluster.server_args import API_KEY_ENV, LOG_LEVELS
+from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, LOG_LEVELS, load_tenant_keys
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,22 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"require 'Authorization: Bearer KEY' (all but /health); ${API_KEY_ENV} sets it without showing it in ps",
     )
-    parser.add_argument("--replica-api-key", default=None, help="the key the replicas want (default: --api-key)")
+    parser.add_argument(
+        "--admin-api-key",
+        default=None,
+        help=f"the replicas' admin key: the cache-control calls need it; ${ADMIN_API_KEY_ENV} sets it without showing it in ps",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        default=None,
+        help="the replicas' tenants' keys (their --api-key-file): prompts are routed within each tenant's cache",
+    )
+    parser.add_argument(
+        "--replica-api-key",
+        default=None,
+        help="the key of the gateway's own calls to the replicas (default: --api-key, else --admin-api-key); "
+        "with --admin-api-key or --api-key-file each client's key goes on with its generations and cache calls",
+    )
     parser.add_argument(
         "--model-path", "--model", default=None, help="the replicas' model, for its tokenizer (default: embedded)"
     )
@@ -85,6 +100,14 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     if ns.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {ns.shutdown_timeout}")
     api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
+    admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
+    tenant_keys = load_tenant_keys(ns.api_key_file) if ns.api_key_file else {}
+    replica_api_key = ns.replica_api_key or api_key or admin_api_key
+    if tenant_keys and replica_api_key is None:
+        raise ValueError(
+            "replicas with tenants' keys refuse a call without a key: give the gateway's own one "
+            "(--replica-api-key, or --api-key / --admin-api-key)"
+        )
     return GatewayConfig(
         host=ns.host,
         port=ns.port,
@@ -92,7 +115,9 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         replicas=list(ns.replica),
         discover=ns.discover,
         api_key=api_key,
-        replica_api_key=ns.replica_api_key or api_key,
+        replica_api_key=replica_api_key,
+        admin_api_key=admin_api_key,
+        tenant_keys=tenant_keys,
         routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
         health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
         log_level=ns.log_level,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from radixcluster.server_args import API_KEY_ENV
+from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
 
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
@@ -35,9 +35,11 @@ def _command() -> list[str]:
 class ReplicaProcess:
     """Ray wraps it as an actor with ``max_concurrency=2``, so ``stop`` runs while ``wait`` blocks."""
 
-    def __init__(self, argv: list[str], ray_address: str, node_ip: str, host: str, api_key: str | None) -> None:
+    def __init__(
+        self, argv: list[str], ray_address: str, node_ip: str, host: str, api_key: str | None, admin_api_key: str | None
+    ) -> None:
         """``node_ip``: the Ray node this actor runs on; ``host``: where the replica listens (its
-        HTTP port and its tree events)."""
+        HTTP port and its tree events); the keys go to the replica in its environment."""
         self.port = _free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.argv = [
@@ -56,6 +58,7 @@ class ReplicaProcess:
             f"tcp://{host}:0",
         ]
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.process: subprocess.Popen | None = None
 
@@ -66,8 +69,10 @@ class ReplicaProcess:
         # get theirs from Ray, and its launcher must see the node's devices to plan for them.
         if env.get("CUDA_VISIBLE_DEVICES") == "":
             del env["CUDA_VISIBLE_DEVICES"]
-        if self.api_key:
-            env[API_KEY_ENV] = self.api_key  # not on the command line, where ps shows it
+        # not on the command line, where ps shows it
+        for name, key in ((API_KEY_ENV, self.api_key), (ADMIN_API_KEY_ENV, self.admin_api_key)):
+            if key:
+                env[name] = key
         self.process = subprocess.Popen(self.argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -98,14 +98,8 @@ class ServerArgs:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
         if not 0 <= self.max_pinned_fraction <= 1:
             raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
-        if self.admin_api_key is not None and self.dp_size > 1:
-            raise ValueError(
-                "--admin-api-key guards one replica's cache-control calls, which the gateway of --dp-size does not serve"
-            )
         if self.api_key_file is not None:
             load_tenant_keys(self.api_key_file)  # refused here, before anything starts
-            if self.dp_size > 1:
-                raise ValueError("--api-key-file names one replica's tenants; it does not work with --dp-size")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         if self.step_timeout <= 0:

@@ -50,7 +50,10 @@ class HealthTunables:
 class GatewayConfig:
     """``replicas``: base URLs; ``discover``: a HOST:PORT whose addresses (a Kubernetes headless
     Service) are the replicas, resolved again every ``discover_interval_s``. ``api_key``: what
-    clients must send; ``replica_api_key``: what the gateway sends to the replicas."""
+    clients must send; ``replica_api_key``: what the gateway's own calls (polls, snapshots) send
+    to the replicas. ``admin_api_key`` and ``tenant_keys`` (API key -> tenant) are accepted too;
+    with either, a client's key goes on to the replica with its generations and cache calls (the
+    replica, which holds the same keys, applies the tenant and the admin check)."""
 
     host: str
     port: int
@@ -60,8 +63,15 @@ class GatewayConfig:
     discover_interval_s: float = 5.0
     api_key: str | None = None
     replica_api_key: str | None = None
+    admin_api_key: str | None = None
+    tenant_keys: dict[str, str] = field(default_factory=dict)
     routing: RoutingTunables = field(default_factory=RoutingTunables)
     health: HealthTunables = field(default_factory=HealthTunables)
     max_body_bytes: int = 16 * 2**20
     log_level: str = "warning"
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+
+    @property
+    def passes_client_keys(self) -> bool:
+        """Whether a client's own key goes on to the replicas (they tell tenants or the admin apart)."""
+        return bool(self.admin_api_key or self.tenant_keys)

@@ -3,8 +3,9 @@
 A request that fails before its first byte (the replica cannot be reached, dies before
 answering, or answers 502/503/504) goes to another replica; one that fails later ends with an
 error frame. Every answer says where it ran and what was predicted: ``meta_info.replica`` and
-``meta_info.predicted_cached_tokens`` (native), the same keys in OpenAI's ``usage``; the
-replica's own count of cached tokens is checked against the prediction.
+``meta_info.predicted_cached_tokens`` (native), the same keys in OpenAI's ``usage`` and at the
+top of a warm's or a pin's answer; the replica's own count of cached tokens is checked against
+the prediction.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.predictions import PredictionLedger, Report
-from radixcluster.gateway.prompts import NATIVE, RoutedRequest
+from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RoutedRequest
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
@@ -101,18 +102,20 @@ class Forwarder:
         self.chooser = chooser
         self.metrics = metrics
         self.ledger = PredictionLedger(metrics)
-        self._headers = {**replicas.headers, "Content-Type": "application/json"}
 
     async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes, arrived: float) -> Response:
         """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
         time) on a replica; the client leaving a non-streamed request cancels it there."""
         session = request.headers.get("x-session-id")
-        if routed.stream:
-            return await self._forward(path, routed, raw, session, arrived)
-        return await until_disconnect(request, self._forward(path, routed, raw, session, arrived))
+        headers = {
+            **self.replicas.client_headers(request.headers.get("authorization")),
+            "Content-Type": "application/json",
+        }
+        forwarding = self._forward(path, routed, raw, headers, session, arrived)
+        return await (forwarding if routed.stream else until_disconnect(request, forwarding))
 
     async def _forward(
-        self, path: str, routed: RoutedRequest, raw: bytes, session: str | None, arrived: float
+        self, path: str, routed: RoutedRequest, raw: bytes, headers: dict[str, str], session: str | None, arrived: float
     ) -> Response:
         forced_usage = routed.stream and routed.kind != NATIVE and not routed.include_usage
         if forced_usage:  # the usage chunk carries the replica's cached tokens; it is dropped again below
@@ -131,7 +134,7 @@ class Forwarder:
             if not tried:
                 self.metrics.routing_seconds.observe(sent - arrived)
             try:
-                upstream, content = await self._send(replica, path, raw, routed.stream)
+                upstream, content = await self._send(replica, path, raw, headers, routed.stream)
             except _NotServed as exc:
                 dispatch.end()
                 replica.request_failed(str(exc))
@@ -154,12 +157,12 @@ class Forwarder:
             return response
 
     async def _send(
-        self, replica: Replica, path: str, raw: bytes, stream: bool
+        self, replica: Replica, path: str, raw: bytes, headers: dict[str, str], stream: bool
     ) -> tuple[aiohttp.ClientResponse, bytes | None]:
         """The replica's response and, unless it is a stream to relay, its whole body."""
         try:
             upstream = await self.replicas.http.post(
-                replica.url + path, data=raw, headers=self._headers, allow_redirects=False
+                replica.url + path, data=raw, headers=headers, allow_redirects=False
             )
         except UPSTREAM_ERRORS as exc:
             raise _NotServed(f"{type(exc).__name__}: {exc}") from None
@@ -177,7 +180,9 @@ class Forwarder:
     # ------------------------------------------------------------ answers
 
     def _annotate_answer(self, answer: Any, placement: Placement, routed: RoutedRequest) -> Any:
-        if routed.kind == NATIVE:
+        if routed.kind in CACHE_KINDS:  # a warm's counts are a native meta_info's, at the top
+            self._native_meta(answer, 0, placement, routed, final=True)
+        elif routed.kind == NATIVE:
             for index, item in enumerate(answer if isinstance(answer, list) else [answer]):
                 self._native_meta(item["meta_info"], index, placement, routed, final=True)
         else:

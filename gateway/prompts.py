@@ -1,6 +1,8 @@
 """A request as the gateway routes it: validated with the replicas' own schemas (so a bad one
 gets the same 400 here), expanded into its generations in response order, each tokenized the
-way the router will (chat template included) and limited the way the router limits a match."""
+way the router will (chat template included), salted as the router salts it (the tenant's
+namespace) and limited the way the router limits a match. A warm or a pin is routed as the
+generation of its prefix would be."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from radixcluster.block_hash import ForgedSalt, tenant_salt
+from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.native_schemas import GenerateIn
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
@@ -16,6 +20,9 @@ from radixcluster.router.text.prompt_text import encode_prompt
 from radixcluster.router.text.tokenizer import Tokenizer
 
 NATIVE, COMPLETIONS, CHAT = "native", "completions", "chat"
+# POST /cache/warm and /cache/pin: one prompt, answered with a native meta_info's counts at the top
+WARM, PIN = "warm", "pin"
+CACHE_KINDS: dict[str, type[CachePrefixIn]] = {WARM: CachePrefixIn, PIN: PinIn}
 
 
 @dataclass(slots=True)
@@ -65,10 +72,24 @@ class PromptReader:
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
 
-    def read(self, kind: str, body: Any) -> RoutedRequest:
-        """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400)."""
+    def read(self, kind: str, body: Any, tenant: str | None = None) -> RoutedRequest:
+        """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400) sent
+        with the key of ``tenant``, if any."""
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
+        routed = self._read(kind, body)
+        try:
+            for prompt in routed.prompts:
+                prompt.salt = tenant_salt(tenant, prompt.salt)
+        except ForgedSalt as exc:
+            raise ApiError(400, str(exc)) from None
+        return routed
+
+    def _read(self, kind: str, body: dict[str, Any]) -> RoutedRequest:
+        if kind in CACHE_KINDS:
+            prefix = CACHE_KINDS[kind].model_validate(body)
+            prefix_ids = prefix.input_ids if prefix.input_ids is not None else self._encode(prefix.text)
+            return RoutedRequest(kind, body, [_prompt(prefix_ids, prefix.cache_salt)], stream=False)
         if kind == NATIVE:
             native = GenerateIn.model_validate(body)
             texts: dict[str, list[int]] = {}

@@ -45,6 +45,13 @@ class ReplicaSet:
         self._zmq = zmq.asyncio.Context()
         self._discovery: asyncio.Task | None = None
 
+    def client_headers(self, authorization: str | None) -> dict[str, str]:
+        """What a client's generation or cache call carries to a replica: the client's own
+        ``authorization`` when the replicas tell tenants or the admin apart, else the gateway's key."""
+        if self.config.passes_client_keys and authorization:
+            return {"Authorization": authorization}
+        return self.headers
+
     def list(self) -> list[Replica]:
         return list(self._replicas.values())
 

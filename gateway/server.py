@@ -1,5 +1,5 @@
-"""The gateway process: its FastAPI app (the routes, auth, JSON errors) and the uvicorn entry
-point, which serves until SIGTERM or SIGINT."""
+"""The gateway process: its FastAPI app (the routes, auth with the replicas' keys, JSON errors)
+and the uvicorn entry point, which serves until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from radixcluster import __version__
+from radixcluster.gateway.cache_routes import gateway_cache_routes
 from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway.context import GatewayContext
 from radixcluster.gateway.forwarding import Forwarder
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.prompts import PromptReader
 from radixcluster.gateway.replica_set import ReplicaSet
-from radixcluster.gateway.routes import GatewayContext, gateway_routes
+from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
@@ -51,8 +53,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="radixcluster gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.include_router(gateway_routes(ctx))
-    if config.api_key:
-        app.add_middleware(BearerAuth, api_key=config.api_key)
+    app.include_router(gateway_cache_routes(ctx))
+    if config.api_key or config.tenant_keys:
+        app.add_middleware(
+            BearerAuth, api_key=config.api_key, admin_key=config.admin_api_key, tenant_keys=config.tenant_keys
+        )
     return app
 
 

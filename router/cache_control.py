@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from radixcluster.block_hash import tenant_namespace, tenant_salt
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.tree_snapshot import SnapshotBounds, tree_snapshot
-from radixcluster.router.request_intake import RequestIntake, tenant_namespace, tenant_salt
+from radixcluster.router.request_intake import RequestIntake
 
 # with --cache-page-text, each node of the snapshot shows the text of its first tokens
 LABEL_TOKENS = 8
@@ -37,7 +38,7 @@ class CacheControl:
         }
         try:
             return ControlResponse(msg.cid, handlers[msg.kind](msg.args))
-        except ValueError as exc:  # PinRefused, RequestRejected, SnapshotBounds' checks
+        except ValueError as exc:  # PinRefused, RequestRejected, ForgedSalt, SnapshotBounds' checks
             return ControlResponse(msg.cid, error=str(exc))
 
     def tree(self, args: dict[str, Any]) -> dict[str, Any]:

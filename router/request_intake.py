@@ -8,6 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# tenant_namespace is the scheduler's to import from here (a tenant's quota names its runs)
+from radixcluster.block_hash import ForgedSalt, tenant_salt
+from radixcluster.block_hash import tenant_namespace as tenant_namespace
 from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
@@ -17,25 +20,6 @@ from radixcluster.router.text.tokenizer import Tokenizer
 
 class RequestRejected(ValueError):
     """The client's request cannot run; the message is for the client."""
-
-
-# a tenant's cache namespace starts with this; a salt sent without a tenant may not, so no
-# client can name another tenant's prefixes
-TENANT_SALT_PREFIX = "\x00tenant\x00"
-
-
-def tenant_salt(tenant: str | None, cache_salt: str | None) -> str | None:
-    """The tree's cache salt of a request: the client's, inside its tenant's namespace if any."""
-    if tenant is None:
-        if cache_salt is not None and cache_salt.startswith(TENANT_SALT_PREFIX):
-            raise RequestRejected("cache_salt (with extra_key) may not start with the bytes \\x00tenant\\x00")
-        return cache_salt
-    return tenant_namespace(tenant) + (cache_salt or "")
-
-
-def tenant_namespace(tenant: str) -> str:
-    """What every cache salt of ``tenant`` starts with (no tenant name holds \\x00)."""
-    return f"{TENANT_SALT_PREFIX}{tenant}\x00"
 
 
 class RequestIntake:
@@ -107,6 +91,10 @@ class RequestIntake:
                 f"(prompt + output must fit)"
             )
         self._check_fits(int(ids.size), sampling.max_new_tokens)
+        try:
+            salt = tenant_salt(msg.tenant, msg.cache_salt)
+        except ForgedSalt as exc:
+            raise RequestRejected(str(exc)) from None
         if sampling.stop_token_ids:
             self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
         request = Request(
@@ -114,7 +102,7 @@ class RequestIntake:
             prompt_ids=ids.astype(np.int32),
             sampling=sampling,
             eos_token_ids=self.tokenizer.eos_token_ids,
-            cache_salt=tenant_salt(msg.tenant, msg.cache_salt),
+            cache_salt=salt,
             tenant=msg.tenant,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,

@@ -57,15 +57,21 @@ async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[
     }
 
 
-def cache_routes(ctx: ApiContext) -> APIRouter:
+def page_routes() -> APIRouter:
+    """The cache page's files, read once (they hold no data: public); a gateway serves them too."""
     router = APIRouter()
-    admin = [Depends(admin_check(ctx.config.admin_api_key))]
-    files = {path: (page_file(name), media) for path, (name, media) in PAGE_FILES.items()}
-
-    for path, (content, media) in files.items():
+    for path, (name, media) in PAGE_FILES.items():
+        content = page_file(name)
         router.add_api_route(
             path, lambda content=content, media=media: Response(content, media_type=media), methods=["GET"]
         )
+    return router
+
+
+def cache_routes(ctx: ApiContext) -> APIRouter:
+    router = APIRouter()
+    admin = [Depends(admin_check(ctx.config.admin_api_key))]
+    router.include_router(page_routes())
 
     @router.get("/cache/tree")
     async def cache_tree(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,23 @@ def test_replicas_keys_and_tunables_reach_the_config():
     assert (config.routing.policy, config.routing.load_weight, config.routing.min_overlap) == ("round-robin", 0.1, 0.25)
     assert config.health.breaker_failures == 5 and config.model_path.suffix == ".gguf"
     assert parse("--discover=replicas.serving.svc:30000", "--replica-api-key=r").replica_api_key == "r"
+
+
+def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, monkeypatch):
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')
+    config = parse("--replica=http://a:1", f"--api-key-file={keys}", "--admin-api-key=boss")
+    assert config.tenant_keys == {"ka": "alpha", "kb": "beta"} and config.admin_api_key == "boss"
+    assert config.replica_api_key == "boss" and config.passes_client_keys  # no API key: its own calls carry the admin's
+    monkeypatch.setenv("RADIXCLUSTER_ADMIN_API_KEY", "from-env")
+    assert parse("--replica=http://a:1").admin_api_key == "from-env"
+    monkeypatch.delenv("RADIXCLUSTER_ADMIN_API_KEY")
+    assert not parse("--replica=http://a:1", "--api-key=k").passes_client_keys
+    with pytest.raises(ValueError, match="--api-key-file"):
+        parse("--replica=http://a:1", f"--api-key-file={tmp_path / 'missing.json'}")
+    with pytest.raises(ValueError, match="--replica-api-key"):  # its polls would all be refused
+        parse("--replica=http://a:1", f"--api-key-file={keys}")
+    assert parse("--replica=http://a:1", f"--api-key-file={keys}", "--replica-api-key=r").replica_api_key == "r"
 
 
 @pytest.mark.parametrize(

@@ -124,8 +124,7 @@ def test_cache_page_and_control_flags(monkeypatch):
     assert parse().admin_api_key == "from-env"
     with pytest.raises(ValueError, match="--max-pinned-fraction"):
         parse("--max-pinned-fraction", "1.5")
-    with pytest.raises(ValueError, match="--dp-size"):
-        parse("--dp-size", "2")
+    assert parse("--dp-size", "2", "--admin-api-key", "boss").admin_api_key == "boss"  # the gateway serves them
 
 
 def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path):
@@ -138,6 +137,7 @@ def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path)
     )
     assert load_tenant_quotas(str(good)) == {"alpha": TenantQuota(max_cached_tokens=4096, max_running_requests=2)}
     assert parse("--api-key-file", str(good)).api_key_file == str(good)
+    assert parse("--dp-size", "2", "--api-key-file", str(good)).api_key_file == str(good)
     for text, words in (
         ("not json", "--api-key-file"),
         ("[]", "expected"),

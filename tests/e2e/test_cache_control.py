@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
-from html.parser import HTMLParser
 from typing import Any
 
 import openai
@@ -19,6 +15,7 @@ import pytest
 import requests
 
 from support.api_helpers import TIMEOUT_S, assert_error, generate, get, metric_value, post, wait_idle
+from support.cache_page import browse, page_nodes
 from support.servers import ServerHandle, launch_server
 
 pytestmark = pytest.mark.slow
@@ -152,68 +149,13 @@ def test_the_page_and_the_tree_snapshot(server):
     assert_error(get(server, "/cache/tree?depth=100"), 400, "depth")
 
 
-class _Nodes(HTMLParser):
-    """The icicle's blocks of a page's DOM, as their attribute dicts."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nodes: list[dict[str, str | None]] = []
-        self.text_of: dict[str, str] = {}
-        self._open: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        found = dict(attrs)
-        if "node" in (found.get("class") or "").split():
-            self.nodes.append(found)
-        self._open = found.get("id")
-
-    def handle_endtag(self, tag: str) -> None:
-        self._open = None
-
-    def handle_data(self, data: str) -> None:
-        if self._open:
-            self.text_of[self._open] = self.text_of.get(self._open, "") + data
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Debian's headless Chromium, installed when missing (as root, with apt-get); else a skip
-    that says why."""
-    found = shutil.which("chromium")
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        # a fresh machine's package lists may be empty: read them first
-        for step in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
-            subprocess.run(step, capture_output=True, timeout=900, env=env)
-        found = shutil.which("chromium")
-    if found is None:
-        pytest.skip("no chromium: install Debian's chromium package (apt-get install chromium) to run the page test")
-    return found
-
-
-def browse(chromium: str, url: str, *flags: str) -> str:
-    """Open ``url`` headless, let the page run (its polls) for a while of virtual time, and
-    return what Chromium printed (the DOM with --dump-dom)."""
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=4000", *flags, url]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def page_nodes(chromium: str, server: ServerHandle) -> _Nodes:
-    parsed = _Nodes()
-    parsed.feed(browse(chromium, f"{server.url}/cache#key=k", "--dump-dom"))
-    assert parsed.text_of.get("status", "").startswith("live"), parsed.text_of.get("status")
-    return parsed
-
-
 def test_the_page_draws_the_tree_growing_and_the_shared_node_hit(server, chromium, tmp_path):
-    before = page_nodes(chromium, server)
+    before = page_nodes(chromium, f"{server.url}/cache#key=k")
     assert [n["data-id"] for n in before.nodes] == ["root"] and before.text_of["tree-nodes"] == "0"
     generate(server, HEADER + " What is 2+2?", max_new_tokens=1)
     generate(server, HEADER + " What is 3+3?", max_new_tokens=1)
     generate(server, HEADER + " What is 4+4?", max_new_tokens=1)
-    after = page_nodes(chromium, server)
+    after = page_nodes(chromium, f"{server.url}/cache#key=k")
     drawn = [n for n in after.nodes if n["data-id"] not in ("root", "folded")]
     assert len(drawn) >= 4 and int(after.text_of["tree-nodes"]) >= 4
     shared = max(drawn, key=lambda n: int(n["data-subtree"] or 0))  # the header all three share

@@ -1,11 +1,13 @@
-"""`radixcluster up --dp-size 2`: two replicas behind the cache-aware gateway keep each tenant's
-prefix on one replica (near the reuse of one big cache, where round-robin spreads it), predict
-the cached tokens they report, survive a replica killed under load, see a flush, keep a
-session on one replica, and pass SGLang's other endpoints on."""
+"""`radixcluster up --dp-size 2` (with an API key, an admin key and two tenants' keys): two
+replicas behind the cache-aware gateway keep each tenant's prefix on one replica (near the reuse
+of one big cache, where round-robin spreads it), predict the cached tokens they report, survive a
+replica killed under load, see a flush, keep a session on one replica, pass SGLang's other
+endpoints on, and serve the cache-control calls and the tenants as one replica would."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +23,7 @@ import radixcluster.lang as sgl
 from radixcluster.bench.report import format_table
 from radixcluster.process_tree import descendants
 from support.api_helpers import get, metric_value, post
+from support.cache_page import page_nodes
 from support.servers import ServerHandle, launch_server, radixcluster_command, wait_replicas
 
 pytestmark = pytest.mark.slow
@@ -29,11 +32,16 @@ pytestmark = pytest.mark.slow
 DP_FLAGS = ("--dp-size", "2", "--page-size", "16", "--max-total-tokens", "4096")
 TENANTS, PER_TENANT, PREFIX, QUESTION, OUTPUT = 8, 4, 96, 16, 2
 LONG_REQUEST_S = 600  # a replica's requests, rerun on the other after it dies, on a loaded machine
+API_KEY, ADMIN_KEY = "dp-api-key", "dp-admin-key"
+TENANT_KEYS = {"dp-alpha-key": "alpha", "dp-beta-key": "beta"}
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[ServerHandle]:
-    with launch_server(*DP_FLAGS) as handle:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    keys = tmp_path_factory.mktemp("keys") / "keys.json"
+    keys.write_text(json.dumps({key: {"tenant": name} for key, name in TENANT_KEYS.items()}))
+    admin = {"RADIXCLUSTER_ADMIN_API_KEY": ADMIN_KEY}
+    with launch_server(*DP_FLAGS, "--api-key-file", str(keys), api_key=API_KEY, key_in_env=True, env=admin) as handle:
         wait_replicas(handle, 2)
         yield handle
 
@@ -73,6 +81,8 @@ def bench(server: ServerHandle, label: str, out: Path) -> dict:
         "--no-progress",
         "--output-json",
         str(out),
+        "--api-key",
+        API_KEY,
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
@@ -89,7 +99,7 @@ def test_tenants_stay_on_one_replica_and_their_cached_tokens_are_predicted(clust
         (r["predicted_cached_tokens"], r["cached_tokens"]) for r in aware["requests"]
     ]
     urls = [f"--replica={url}" for url in replicas(cluster)]
-    with launch_server(*urls, "--policy", "round-robin", command="gateway") as spread_gateway:
+    with launch_server(*urls, "--policy", "round-robin", command="gateway", api_key=API_KEY) as spread_gateway:
         wait_replicas(spread_gateway, 2)
         spread = bench(spread_gateway, "round-robin gateway", tmp_path / "spread.json")
     print("\n" + format_table([aware, spread]))
@@ -104,7 +114,8 @@ def test_a_flushed_replica_vanishes_from_the_view(cluster) -> None:
     held = {url: r for url, r in replicas(cluster).items() if r["cached_tokens"] > 0}
     assert len(held) == 2, replicas(cluster)
     flushed, kept = list(held)
-    assert requests.post(f"{flushed}/flush_cache", timeout=60).status_code == 200  # behind the gateway's back
+    flushing = requests.post(f"{flushed}/flush_cache", headers=cluster.headers(), timeout=60)
+    assert flushing.status_code == 200  # behind the gateway's back
     wait_for("the flushed replica's blocks leave the view", lambda: replicas(cluster)[flushed]["cached_tokens"] == 0)
     assert replicas(cluster)[kept]["cached_tokens"] == held[kept]["cached_tokens"]
 
@@ -125,7 +136,9 @@ def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
     assert "vocabulary" in post(cluster, "/detokenize", {"tokens": [10**6]}).text
     body = {"text": "Count slowly:", "rid": "abort-me", "stream": True}
     body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
-    with requests.post(f"{cluster.url}/generate", json=body, stream=True, timeout=LONG_REQUEST_S) as resp:
+    with requests.post(
+        f"{cluster.url}/generate", json=body, headers=cluster.headers(), stream=True, timeout=LONG_REQUEST_S
+    ) as resp:
         frames = (line[6:] for line in resp.iter_lines() if line.startswith(b"data: "))
         next(frames)  # it runs
         assert post(cluster, "/abort_request", {"rid": "abort-me"}).status_code == 200
@@ -158,7 +171,7 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(cluster) -> No
     def ask(text: str, new_tokens: int = 48) -> requests.Response:
         # long enough to be running when the replica dies, even on a fast machine
         body = {"text": text, "sampling_params": {"max_new_tokens": new_tokens, "ignore_eos": True}}
-        return requests.post(f"{cluster.url}/generate", json=body, timeout=LONG_REQUEST_S)
+        return requests.post(f"{cluster.url}/generate", json=body, headers=cluster.headers(), timeout=LONG_REQUEST_S)
 
     with concurrent.futures.ThreadPoolExecutor(len(prompts) + 1) as pool:
         answers = [pool.submit(ask, p) for p in prompts]
@@ -192,7 +205,8 @@ def test_a_session_stays_on_one_replica(cluster) -> None:
     served = set()
     for i in range(3):
         body = {"text": f"Unrelated prompt number {i} " * 6, "sampling_params": {"max_new_tokens": 1}}
-        resp = requests.post(f"{cluster.url}/generate", json=body, headers={"X-Session-Id": "one-run"}, timeout=120)
+        headers = {**cluster.headers(), "X-Session-Id": "one-run"}
+        resp = requests.post(f"{cluster.url}/generate", json=body, headers=headers, timeout=120)
         served.add(resp.json()["meta_info"]["replica"])
     assert len(served) == 1
 
@@ -204,9 +218,75 @@ def test_a_session_stays_on_one_replica(cluster) -> None:
         s += sgl.user("Name another one.")
         s += sgl.assistant(sgl.gen("second", max_tokens=4))
 
-    backend = sgl.RuntimeEndpoint(cluster.url)
+    backend = sgl.RuntimeEndpoint(cluster.url, api_key=API_KEY)
     try:
         state = chat.run(backend=backend)
     finally:
         backend.close()
     assert state.get_meta_info("first")["replica"] == state.get_meta_info("second")["replica"]
+
+
+def call(server: ServerHandle, method: str, path: str, key: str | None, body: dict | None = None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.request(method, server.url + path, json=body, headers=headers, timeout=120)
+
+
+def test_a_pin_draws_its_prefix_tenants_stay_apart_and_evict_frees_it(cluster) -> None:
+    alpha_key, beta_key = list(TENANT_KEYS)
+    manual = ("Pinned manual: the gateway routes each request to the replica that caches its prefix. " * 4).rstrip()
+
+    def ask(key: str, question: str) -> dict:
+        resp = call(
+            cluster, "POST", "/generate", key, {"text": manual + question, "sampling_params": {"max_new_tokens": 1}}
+        )
+        assert resp.status_code == 200, resp.text
+        return resp.json()["meta_info"]
+
+    for key in (None, API_KEY, alpha_key):
+        assert call(cluster, "POST", "/cache/pin", key, {"text": manual, "ttl_s": 300}).status_code == 401
+    pin = call(cluster, "POST", "/cache/pin", ADMIN_KEY, {"text": manual, "ttl_s": 300})
+    assert pin.status_code == 200, pin.text
+    pinned, home = pin.json(), pin.json()["replica"]
+    assert pinned["tokens"] > 0 and pinned["predicted_cached_tokens"] == pinned["cached_tokens"] == 0
+    held = {url: get(cluster, f"/cache_info?replica={url}").json()["pinned_tokens"] for url in replicas(cluster)}
+    assert held[home] == pinned["tokens"] and sum(held.values()) == pinned["tokens"]
+    assert [p["replica"] for p in get(cluster, "/cache_info").json()["pins"]] == [home]
+    keyless = ask(API_KEY, " Where is my request served?")  # the admin's pin is in the keyless namespace
+    assert keyless["replica"] == home and keyless["cached_tokens"] >= pinned["tokens"]
+    assert keyless["predicted_cached_tokens"] == keyless["cached_tokens"]
+    # a tenant never sees another namespace's prefix; its own next request finds its first
+    first = ask(alpha_key, " Where is my request served?")
+    assert first["cached_tokens"] == first["predicted_cached_tokens"] == 0
+    again = ask(alpha_key, " And this one?")
+    assert again["replica"] == first["replica"] and again["cached_tokens"] == again["predicted_cached_tokens"] > 0
+    other = ask(beta_key, " And this one?")
+    assert other["cached_tokens"] == other["predicted_cached_tokens"] == 0
+    tenants = get(cluster, "/cache_info").json()["tenants"]
+    assert tenants["alpha"]["cached_tokens_total"] == again["cached_tokens"] and tenants["beta"]["requests"] == 1
+    # the page's snapshot of the pin's replica: all of it for the admin, its own runs for a tenant
+    everyone, beta_only = (
+        call(cluster, "GET", f"/cache/tree?replica={home}&depth=2", k) for k in (ADMIN_KEY, beta_key)
+    )
+    assert any(child["pinned"] for child in everyone.json()["root"]["children"])
+    assert not any(child["pinned"] for child in beta_only.json()["root"]["children"])
+    assert beta_only.json()["root"]["subtree_tokens"] < everyone.json()["root"]["subtree_tokens"]
+    # unpin and evict reach every replica: an evict frees the keyless runs of the prefix, alpha's stay
+    assert call(cluster, "POST", "/cache/evict", alpha_key, {"text": manual}).status_code == 401
+    unpinned = call(cluster, "DELETE", "/cache/pin", ADMIN_KEY, {"text": manual})
+    assert unpinned.json() == {"unpinned": True, "tokens": pinned["tokens"], "replicas": [home]}
+    assert call(cluster, "DELETE", "/cache/pin", ADMIN_KEY, {"text": manual}).status_code == 404
+    evicted = call(cluster, "POST", "/cache/evict", ADMIN_KEY, {"text": manual}).json()
+    assert evicted["evicted_tokens"] == sum(evicted["replicas"].values()) >= keyless["cached_tokens"]
+    assert ask(API_KEY, " Where is my request served?")["cached_tokens"] == 0
+    assert ask(alpha_key, " Where is my request served?")["cached_tokens"] > 0
+    # the keys reached the replicas in their environment, never on a command line
+    for pid in descendants(cluster.process.pid):
+        with contextlib.suppress(OSError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            assert ADMIN_KEY.encode() not in cmdline and API_KEY.encode() not in cmdline
+
+
+def test_the_cache_page_at_the_gateway_draws_the_replica_chosen(cluster, chromium) -> None:
+    page = page_nodes(chromium, f"{cluster.url}/cache#key={API_KEY}")
+    assert page.options_of["replica"] == list(replicas(cluster))  # the selector, the first available one chosen
+    assert int(page.text_of["tree-nodes"]) == get(cluster, "/cache_info?replica=0").json()["tree_nodes"]

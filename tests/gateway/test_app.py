@@ -1,5 +1,6 @@
-"""The gateway app without a live replica: it refuses what it must (auth, bad bodies, nothing
-to route to) with the replicas' own error shapes, and its replica list can be edited."""
+"""The gateway app without a live replica: it refuses what it must (auth, the admin key, bad
+bodies, nothing to route to) with the replicas' own error shapes, serves the cache page, and its
+replica list can be edited."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from radixcluster.gateway.server import create_app
 from support.servers import free_port
 
 KEY = "sesame"
+TENANTS = {"ka": "alpha", "kb": "beta"}
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,23 @@ def client(model_path) -> Iterator[TestClient]:
         health=HealthTunables(interval_s=0.05),
     )
     with TestClient(create_app(config), headers={"Authorization": f"Bearer {KEY}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def keyed(model_path) -> Iterator[TestClient]:
+    """A gateway with the replicas' admin and tenants' keys (and no API key of its own)."""
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    config = GatewayConfig(
+        host="127.0.0.1",
+        port=0,
+        model_path=model_path,
+        replicas=[nowhere],
+        admin_api_key="boss",
+        tenant_keys=TENANTS,
+        health=HealthTunables(interval_s=0.05),
+    )
+    with TestClient(create_app(config)) as c:
         yield c
 
 
@@ -61,3 +80,34 @@ def test_replicas_are_added_and_removed_at_run_time(client) -> None:
     assert client.request("DELETE", "/replicas", json={"url": url}).json() == {"removed": url}
     assert "no replica" in error(client.request("DELETE", "/replicas", json={"url": url}), 404)
     assert "http://" in error(client.post("/replicas", json={"url": "ftp://x"}), 400)
+
+
+def test_tenants_keys_pass_the_admin_key_guards_cache_control_and_the_page_is_public(keyed) -> None:
+    tenant, boss = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer boss"}
+    assert "API key" in error(keyed.get("/replicas"), 401)
+    assert keyed.get("/replicas", headers=tenant).status_code == 200
+    prefix = {"text": "a shared system prompt"}
+    for method, path, body in (
+        ("POST", "/cache/warm", prefix),
+        ("POST", "/cache/pin", {**prefix, "ttl_s": 5}),
+        ("DELETE", "/cache/pin", prefix),
+        ("POST", "/cache/evict", prefix),
+    ):
+        assert "admin key" in error(keyed.request(method, path, json=body, headers=tenant), 401)
+        assert "no replica is available" in error(keyed.request(method, path, json=body, headers=boss), 503)
+    assert "ttl_s" in error(keyed.post("/cache/pin", json=prefix, headers=boss), 400)
+    page = keyed.get("/cache")
+    assert page.status_code == 200 and 'id="replica"' in page.text
+    assert keyed.get("/cache/page.js").status_code == 200
+
+
+def test_one_replicas_cache_is_named_by_url_or_index(keyed) -> None:
+    tenant = {"Authorization": "Bearer kb"}
+    assert "GET /replicas" in error(keyed.get("/cache/tree?replica=7", headers=tenant), 404)
+    assert "not available" in error(keyed.get("/cache/tree?replica=0", headers=tenant), 503)
+    assert "no replica is available" in error(keyed.get("/cache_info", headers=tenant), 503)
+
+
+def test_a_salt_in_a_tenants_namespace_is_refused_without_its_key(client) -> None:
+    forged = {"text": "hi", "cache_salt": "\x00tenant\x00alpha\x00"}
+    assert "cache_salt" in error(client.post("/generate", json=forged), 400)

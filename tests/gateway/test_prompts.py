@@ -1,12 +1,13 @@
-"""PromptReader: the gateway's token ids are the router's (text, chat template, batches, n),
-its limits are the router's, and a bad body is refused as the replica would refuse it."""
+"""PromptReader: the gateway's token ids are the router's (text, chat template, batches, n, a
+warm's or a pin's prefix), its salts (a tenant's namespace) and limits are the router's, and a
+bad body is refused as the replica would refuse it."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PromptReader
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PIN, WARM, PromptReader
 from radixcluster.protocol import GenerateRequest, SamplingParams
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.request_intake import RequestIntake
@@ -23,10 +24,46 @@ def reader(tokenizer) -> PromptReader:
     return PromptReader(tokenizer)
 
 
+def intake(tokenizer) -> RequestIntake:
+    return RequestIntake(tokenizer, tokenizer.vocab_size, 8192, pool_tokens=8192)
+
+
 def router_ids(tokenizer, **fields) -> list[int]:
     """The ids the router serves for a fresh prompt (no earlier answer in its memo)."""
-    intake = RequestIntake(tokenizer, tokenizer.vocab_size, 8192, pool_tokens=8192)
-    return intake.prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields))[1].tolist()
+    return intake(tokenizer).prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields))[1].tolist()
+
+
+def router_salt(tokenizer, tenant: str | None, cache_salt: str | None) -> str | None:
+    """The salt the router caches a request of ``tenant`` under."""
+    msg = GenerateRequest(rid="x", sampling=SamplingParams(), text="Hi", tenant=tenant, cache_salt=cache_salt)
+    return intake(tokenizer).make_request(msg)[0].cache_salt
+
+
+def test_a_tenants_prompts_are_salted_as_the_router_salts_them(reader, tokenizer) -> None:
+    for tenant, salt in (("alpha", None), ("alpha", "s"), ("beta", "s"), (None, "s"), (None, None)):
+        body = {"text": ["one", "two"], "cache_salt": salt}
+        routed = reader.read(NATIVE, body, tenant)
+        assert {p.salt for p in routed.prompts} == {router_salt(tokenizer, tenant, salt)}
+        chat = reader.read(CHAT, {"messages": [{"role": "user", "content": "Hi"}], "cache_salt": salt}, tenant)
+        assert chat.prompts[0].salt == router_salt(tokenizer, tenant, salt)
+    alpha = reader.read(NATIVE, {"text": "x"}, "alpha").prompts[0].salt
+    with pytest.raises(ApiError, match="cache_salt") as refused:  # no client names a tenant's namespace
+        reader.read(NATIVE, {"text": "x", "cache_salt": alpha})
+    assert refused.value.status == 400
+
+
+def test_a_warm_or_a_pin_is_read_as_the_generation_of_its_prefix(reader, tokenizer) -> None:
+    text = "You are a careful assistant."
+    warm = reader.read(WARM, {"text": text, "cache_salt": "s"}, "alpha")
+    (p,) = warm.prompts
+    assert p.ids.tolist() == router_ids(tokenizer, text=text) and p.match_limit == len(p.ids) - 1
+    assert p.salt == router_salt(tokenizer, "alpha", "s") and not warm.stream
+    pinned = reader.read(PIN, {"input_ids": [5, 6, 7], "ttl_s": 30})
+    assert pinned.prompts[0].ids.tolist() == [5, 6, 7] and pinned.prompts[0].salt is None
+    with pytest.raises(ValidationError, match="ttl_s"):
+        reader.read(PIN, {"text": text})
+    with pytest.raises(ValidationError, match="exactly one"):
+        reader.read(WARM, {"text": text, "input_ids": [1]})
 
 
 def test_texts_and_chats_tokenize_as_the_router_does(reader, tokenizer) -> None:

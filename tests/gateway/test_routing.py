@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixcluster.block_hash import tenant_salt
 from radixcluster.gateway.config import RoutingTunables
 from radixcluster.gateway.prompts import Prompt, RoutedRequest
 from radixcluster.gateway.routing import Names, NoReplicaAvailable, ReplicaChooser, place
@@ -110,3 +111,16 @@ def test_tried_and_unavailable_replicas_are_skipped(make_replica) -> None:
     b.replica.breaker.failure(0.0)  # three failed requests in a row open its circuit
     with pytest.raises(NoReplicaAvailable, match="tried 1"):
         chooser.choose(asked, [a.replica, b.replica], None, {a.replica})
+
+
+def test_a_tenants_prefix_draws_that_tenants_requests_only(make_replica) -> None:
+    a, b = make_replica("http://a"), make_replica("http://b")
+    shared = list(range(100))
+    a.insert(shared, tenant_salt("alpha", None))
+    alpha, beta = (prompt(shared + [1], tenant_salt(t, None)) for t in ("alpha", "beta"))
+    assert place(a.replica, [alpha], Names([alpha])).predicted == [a.cached(shared + [1], alpha.salt)] == [100]
+    assert place(a.replica, [beta], Names([beta])).predicted == [0] == [a.cached(shared + [1], beta.salt)]
+    chooser = ReplicaChooser(RoutingTunables())
+    assert chooser.choose(request(alpha), [a.replica, b.replica], None, set()).replica is a.replica
+    b.replica.load.inflight_tokens = 1  # beta finds nothing anywhere: the least loaded replica
+    assert chooser.choose(request(beta), [a.replica, b.replica], None, set()).replica is a.replica

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
+from radixcluster.block_hash import ForgedSalt, tenant_salt
 from radixcluster.model_path import served_model_name
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
-from radixcluster.router.request_intake import RequestRejected, tenant_salt
 from radixcluster.router.router_process import Router, RouterConfig
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 
@@ -113,5 +113,5 @@ def test_a_tenant_salt_cannot_be_forged_without_the_tenant():
     alpha = tenant_salt("alpha", "x")
     assert alpha != tenant_salt("beta", "x") and alpha != tenant_salt("alpha", None)
     assert tenant_salt(None, "plain") == "plain"
-    with pytest.raises(RequestRejected, match="cache_salt"):
+    with pytest.raises(ForgedSalt, match="cache_salt"):
         tenant_salt(None, alpha)

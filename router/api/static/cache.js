@@ -1,5 +1,6 @@
 // The cache page: polls /cache/tree and /cache_info, draws the tree as an icicle (width: the
 // tokens cached in a subtree), the KV pool's use, and the hit rate and evictions over time.
+// Served by a gateway, it draws the replica chosen in its selector (?replica= on both calls).
 "use strict";
 
 const POLL_MS = 1000;
@@ -8,6 +9,7 @@ const SERIES_POINTS = 120;
 const $ = (id) => document.getElementById(id);
 const history = { hit: [], evicted: [] };
 let last = null; // the previous /cache_info, for the per-poll deltas
+let replicas = null; // a gateway's replicas (GET /replicas); [] on a replica, null until known
 
 // the key: from the page's fragment (#key=..., never sent to the server) or the field
 function apiKey() {
@@ -19,9 +21,34 @@ function apiKey() {
 async function getJson(path) {
   const key = apiKey();
   const resp = await fetch(path, { headers: key ? { Authorization: "Bearer " + key } : {} });
-  const body = await resp.json();
-  if (!resp.ok) throw new Error(body.error ? body.error.message : resp.statusText);
+  const body = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw Object.assign(new Error(body.error ? body.error.message : resp.statusText), { status: resp.status });
   return body;
+}
+
+// a gateway lists its replicas; a replica has no /replicas (404): no selector
+async function listReplicas() {
+  try {
+    return (await getJson("/replicas")).replicas;
+  } catch (err) {
+    if (err.status === 404) return [];
+    throw err;
+  }
+}
+
+function fillReplicas(list) {
+  const select = $("replica");
+  select.replaceChildren(
+    ...list.map((replica, i) => {
+      const option = document.createElement("option");
+      option.value = String(i);
+      option.textContent = replica.url;
+      return option;
+    }),
+  );
+  const first = list.findIndex((replica) => replica.available);
+  if (first >= 0) select.value = String(first);
+  $("replica-field").hidden = list.length === 0;
 }
 
 function percent(x) {
@@ -180,8 +207,13 @@ function drawSummary(info) {
 
 async function poll() {
   try {
+    if (replicas === null) fillReplicas((replicas = await listReplicas()));
+    const which = replicas.length ? "replica=" + $("replica").value : "";
     const query = `depth=${Number($("depth").value) || 8}&min_tokens=${Number($("min-tokens").value) || 0}`;
-    const [snapshot, info] = await Promise.all([getJson("/cache/tree?" + query), getJson("/cache_info")]);
+    const [snapshot, info] = await Promise.all([
+      getJson("/cache/tree?" + query + (which && "&" + which)),
+      getJson("/cache_info" + (which && "?" + which)),
+    ]);
     drawTree(snapshot);
     drawPool(info);
     drawSummary(info);
@@ -207,5 +239,6 @@ $("tree").addEventListener("mousemove", (e) => {
 });
 $("tree").addEventListener("mouseleave", () => ($("tip").hidden = true));
 $("colour").addEventListener("change", () => ($("colour-name").textContent = $("colour").selectedOptions[0].text));
+$("replica").addEventListener("change", () => (last = null)); // another replica: no deltas across
 $("controls").addEventListener("submit", (e) => e.preventDefault());
 poll();

@@ -1,0 +1,101 @@
+"""What every gateway route needs (the configuration, the replicas, the prompt reader, the
+forwarder, the metrics) and the ways a route reaches its replicas: a request forwarded where
+the routing places it, a question to the replica it names, or to each available one at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fastapi import Request, Response
+
+from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway.forwarding import Forwarder
+from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.prompts import PromptReader
+from radixcluster.gateway.replica import Replica
+from radixcluster.gateway.replica_set import ReplicaSet
+from radixcluster.gateway.upstream import Answer, fetch
+from radixcluster.router.api.auth import current_tenant
+from radixcluster.router.api.errors import ApiError, parse_json, read_body
+
+
+@dataclass(slots=True)
+class GatewayContext:
+    config: GatewayConfig
+    replicas: ReplicaSet
+    reader: PromptReader
+    forwarder: Forwarder
+    metrics: GatewayMetrics
+
+
+async def forward(ctx: GatewayContext, request: Request, path: str, kind: str) -> Response:
+    """Read the request as ``kind`` (for the tenant of the client's key) and forward it to ``path``
+    on the replica the routing picks."""
+    arrived = time.perf_counter()
+    raw = await read_body(request, ctx.config.max_body_bytes)
+    routed = ctx.reader.read(kind, parse_json(raw), current_tenant.get())
+    return await ctx.forwarder.forward(request, path, routed, raw, arrived)
+
+
+def available(ctx: GatewayContext) -> list[Replica]:
+    """The available replicas, least loaded first; 503 when there is none."""
+    found = sorted((r for r in ctx.replicas.list() if r.available), key=lambda r: r.load.tokens)
+    if not found:
+        raise ApiError(503, "no replica is available")
+    return found
+
+
+def named(replicas: list[Replica], name: str | None) -> Replica:
+    """The replica ``name`` gives (its URL, or its index in the gateway's list, from 0), or the
+    first available one when None; 404 for a name that is neither, 503 when it is down."""
+    if name is None:
+        found = next((r for r in replicas if r.available), None)
+        if found is None:
+            raise ApiError(503, "no replica is available")
+        return found
+    by_index = {str(i): r for i, r in enumerate(replicas)}
+    by_url = {r.url: r for r in replicas}
+    found = by_index.get(name) or by_url.get(name.rstrip("/"))
+    if found is None:
+        raise ApiError(404, f"no replica {name!r}: name one by its URL or its index in GET /replicas")
+    if not found.available:
+        why = f": {found.last_error}" if found.last_error else ""
+        raise ApiError(503, f"replica {found.url} is not available{why}")
+    return found
+
+
+async def each(
+    ctx: GatewayContext,
+    method: str,
+    path: str,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Answer | BaseException]:
+    """Ask every available replica, concurrently (with the gateway's key unless ``headers``)."""
+    replicas = available(ctx)
+    sent = ctx.replicas.headers if headers is None else headers
+    answers = await asyncio.gather(
+        *(fetch(ctx.replicas.http, method, r.url + path, sent, content) for r in replicas),
+        return_exceptions=True,
+    )
+    return dict(zip((r.url for r in replicas), answers))
+
+
+def failures(answers: Mapping[str, Answer | BaseException]) -> str | None:
+    """The replicas that did not answer 200, and why; None when all did."""
+    failed = {
+        url: (a.text if isinstance(a, Answer) else f"{type(a).__name__}: {a}")
+        for url, a in answers.items()
+        if not isinstance(a, Answer) or a.status != 200
+    }
+    if not failed:
+        return None
+    return f"{len(failed)} of {len(answers)} replicas failed: " + "; ".join(f"{u}: {why}" for u, why in failed.items())
+
+
+def passed_on(answer: Answer) -> Response:
+    """A replica's answer as it is: its status, body and media type."""
+    return Response(answer.content, answer.status, media_type=answer.content_type)

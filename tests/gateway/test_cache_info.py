@@ -1,0 +1,59 @@
+"""The gateway's /cache_info merges its replicas' answers (sums, rates from the sums, pins with
+their replica, tenants summed), and a replica named by URL or index is found."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcluster.gateway.cache_info import merged_cache_info
+from radixcluster.gateway.context import named
+from radixcluster.router.api.errors import ApiError
+
+
+def info(requests: int, hits: int, prompt: int, cached: int, pins: list[dict], tenants: dict) -> dict:
+    return {
+        "total_requests": requests,
+        "cache_hits": hits,
+        "prompt_tokens_total": prompt,
+        "cached_tokens_total": cached,
+        "pinned_tokens": sum(p["tokens"] for p in pins),
+        "pins": pins,
+        "tenants": tenants,
+        "num_pages": 100,  # one replica's pool: not summed
+    }
+
+
+def test_counters_sum_rates_follow_pins_are_listed_and_tenants_summed() -> None:
+    pin = {"id": "ab", "tokens": 32, "prompt_tokens": 40, "expires_in_s": 9.5}
+    alpha = {"requests": 2, "prompt_tokens_total": 80, "cached_tokens_total": 32}
+    merged = merged_cache_info(
+        {
+            "http://a": info(4, 2, 200, 64, [pin], {"alpha": alpha}),
+            "http://b": info(6, 1, 300, 36, [], {"alpha": alpha, "beta": {**alpha, "requests": 1}}),
+        }
+    )
+    assert (merged["total_requests"], merged["cache_hits"], merged["pinned_tokens"]) == (10, 3, 32)
+    assert merged["hit_rate"] == 0.3 and merged["token_hit_rate"] == 0.2
+    assert merged["shared_prefix_length_avg"] == 100 / 3
+    assert merged["pins"] == [{**pin, "replica": "http://a"}]
+    assert merged["tenants"] == {
+        "alpha": {"requests": 4, "prompt_tokens_total": 160, "cached_tokens_total": 64},
+        "beta": {"requests": 1, "prompt_tokens_total": 80, "cached_tokens_total": 32},
+    }
+    assert "num_pages" not in merged
+    empty = merged_cache_info({})
+    assert (empty["hit_rate"], empty["pins"], empty["tenants"]) == (0.0, [], {})
+
+
+def test_a_replica_is_named_by_url_or_index_and_must_be_available(make_replica) -> None:
+    a, b = make_replica("http://a:1").replica, make_replica("http://b:2").replica
+    replicas = [a, b]
+    assert named(replicas, None) is a and named(replicas, "1") is b and named(replicas, "http://b:2/") is b
+    a.healthy = False
+    assert named(replicas, None) is b
+    with pytest.raises(ApiError, match="not available") as down:
+        named(replicas, "0")
+    assert down.value.status == 503
+    with pytest.raises(ApiError, match="no replica 'http://c:3'") as unknown:
+        named(replicas, "http://c:3")
+    assert unknown.value.status == 404
