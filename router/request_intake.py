@@ -8,9 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# tenant_namespace is the scheduler's to import from here (a tenant's quota names its runs)
 from radixcluster.block_hash import ForgedSalt, tenant_salt
-from radixcluster.block_hash import tenant_namespace as tenant_namespace
 from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcluster.block_hash import tenant_namespace
 from radixcluster.protocol import StepResult
 from radixcluster.router.batch_builder import ScheduledBatch, build_forward, build_prefill
 from radixcluster.router.cache.cache_manager import CacheManager
@@ -28,7 +29,6 @@ from radixcluster.router.cache.radix_tree import RadixTree, TreeEventHook
 from radixcluster.router.cache.slot_pool import SlotPool
 from radixcluster.router.prefill_admission import Admit, PrefillAdmission, PrefillEntry, reserve_pages
 from radixcluster.router.request import ReqState, Request
-from radixcluster.router.request_intake import tenant_namespace
 from radixcluster.router.result_processing import apply_token, record_input_logprobs
 from radixcluster.router.schedule_policy import SchedulePolicy
 from radixcluster.router.scheduler_stats import CACHE_INFO_KEYS, SchedulerStats, check_pool_integrity

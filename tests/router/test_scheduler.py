@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixcluster.block_hash import tenant_namespace, tenant_salt
 from radixcluster.protocol import SamplingParams, StepResult
 from radixcluster.router.request import Request
-from radixcluster.router.request_intake import tenant_namespace, tenant_salt
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.tenant_quota import TenantQuota
 from support.stand_in_executor import StandInExecutor, next_token, reference_generate
