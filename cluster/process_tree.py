@@ -84,8 +84,12 @@ def fork_into_own_group() -> int | None:
     the parent writes to) kills the whole group: some of Ray's agents outlive their raylet."""
     parent = os.getpid()
     lifeline, held = os.pipe()  # the parent holds ``held`` open until it dies
+    relayed = {signal.SIGTERM, signal.SIGINT}
+    # a signal that comes before the relay is set up waits for it, instead of killing the parent
+    signal.pthread_sigmask(signal.SIG_BLOCK, relayed)
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, relayed)
         os.close(lifeline)
         os.close(held)
         os.setpgid(0, 0)
@@ -93,6 +97,7 @@ def fork_into_own_group() -> int | None:
         return None
     os.setpgid(child, child)  # as the child does: whichever runs first, the group exists
     if os.fork() == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, relayed)
         _reap_when_closed(lifeline, held, child)
     os.close(lifeline)
 
@@ -100,8 +105,9 @@ def fork_into_own_group() -> int | None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, sig)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in relayed:
         signal.signal(sig, relay)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, relayed)
     while True:
         # any child: as PID 1 of a container, orphans are ours to reap too
         pid, status = os.waitpid(-1, 0)
