@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +107,11 @@ def _from_hf_dir(path: Path) -> ModelConfig:
     )
 
 
+@lru_cache(maxsize=4)
 def open_gguf(path: Path):
-    """A ``gguf.GGUFReader`` (memory-mapped), or a ModelPathError naming the file."""
+    """A ``gguf.GGUFReader`` (memory-mapped), or a ModelPathError naming the file. One per file
+    and process: parsing the metadata takes seconds (the vocabulary is ~100k small fields), and
+    the config and the tokenizer both read it."""
     from gguf import GGUFReader
 
     try:
