@@ -1,5 +1,6 @@
 """The serving cluster end to end: outputs equal transformers', with the radix cache off and
-across 3 tensor-parallel ranks; concurrency; prefix reuse; shutdown leaves nothing behind."""
+across 3 tensor-parallel ranks (which listen on loopback only and drain on Ctrl-C's SIGTERM to
+their process group); concurrency; prefix reuse; shutdown leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
-import requests
 import torch
 
 from radixcluster.process_tree import descendants, is_running
 from support.api_helpers import generate, get, post, sse_events
+from support.listening import listeners
 from support.reference_prompts import SERVER_NEW_TOKENS, SERVER_PROMPTS
-from support.servers import free_port, launch_server, radixcluster_command
+from support.servers import ServerHandle, free_port, launch_server, radixcluster_command
+from support.streams import finished_normally, started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +57,35 @@ def test_greedy_outputs_equal_transformers(server, hf_tokenizer, reference):
     assert greedy_ids(server, hf_tokenizer) == reference
 
 
-def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, reference):
+@pytest.fixture(scope="module")
+def tp3() -> Iterator[ServerHandle]:
+    """A --tp-size 3 server; the drain test below stops it."""
+    with launch_server("--tp-size", "3", "--shutdown-timeout", "120") as handle:
+        yield handle
+
+
+def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, reference, tp3):
     """Two servers at once on one host (their sockets and Ray instances must not collide)."""
-    with launch_server("--disable-radix-cache") as off, launch_server("--tp-size", "3") as tp3:
+    with launch_server("--disable-radix-cache") as off:
         assert greedy_ids(off, hf_tokenizer) == reference
         assert greedy_ids(tp3, hf_tokenizer) == reference
         assert get(off, "/cache_info").json()["cache_hits"] == 0
         assert get(tp3, "/get_server_info").json()["tp_size"] == 3
+
+
+def test_tp3_listens_on_loopback_only_and_drains_on_sigterm_to_its_process_group(tp3):
+    tree = descendants(tp3.process.pid)
+    open_ports = listeners(tree)
+    commands = {x.command for x in open_ports}
+    assert {"gcs_server", "raylet"} <= commands, commands  # Ray's services are among them
+    assert len([x for x in open_ports if x.command.startswith("ray::TPWorker")]) >= 3  # gloo / the store
+    assert [x for x in open_ports if not x.loopback_only] == []
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        running = started_streams(tp3, pool, [4, 4, 4, 4])
+        os.killpg(tp3.process.pid, signal.SIGTERM)  # as Ctrl-C would: everyone in the group
+        assert all(finished_normally(f.result()) for f in running)
+    assert tp3.process.wait(timeout=120) == 0
+    assert wait_gone(tree, 10) == set()
 
 
 def test_shared_prefix_is_reused_page_aligned_and_flushed():
@@ -120,23 +145,3 @@ def test_sigterm_during_load_leaves_no_process_behind():
     time.sleep(2)
     left = {pid for pid in seen if is_running(pid)}
     assert left == set(), f"left behind: {left}"
-
-
-def test_the_url_is_printed_when_ready():
-    port = free_port()
-    process = subprocess.Popen(
-        [*radixcluster_command(), "up", "--port", str(port)],
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line.strip() == f"radixcluster ready: http://127.0.0.1:{port}"
-        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=90)
-    assert "radix cache enabled" in err
-    assert process.returncode == 0

@@ -1,14 +1,15 @@
-"""Stopping a real `radixcluster up`: SIGTERM to the command alone (Kubernetes, Docker) or to its
-whole process group (Ctrl-C) drains it, running requests finish, those that cannot end with an
-error event, and no process is left; a SIGKILLed command takes its processes with it. Also what
-such a server exposes: nothing listens beyond loopback (Ray, the TP rendezvous, gloo), and an API
-key given in the environment never shows in a command line."""
+"""Stopping a real `radixcluster up`: SIGTERM to the command alone (Kubernetes, Docker) drains it,
+running requests finish, those that cannot end with an error event, and no process is left; a
+SIGKILLed command takes its processes with it. An API key given in the environment never shows in
+a command line, and the command prints its URL once ready. (SIGTERM to a TP group's whole process
+group, as Ctrl-C sends it: tests/e2e/test_cluster.py, on its tp 3 server.)"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,22 +18,17 @@ import requests
 
 from radixcluster.process_tree import descendants
 from support.api_helpers import TIMEOUT_S, assert_error
-from support.listening import listeners
-from support.servers import launch_server
-from support.streams import started_streams, wait_gone
+from support.servers import free_port, launch_server, radixcluster_command
+from support.streams import finished_normally, started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
 KEY = "key-from-the-environment"
 
 
-def finished_normally(events: list) -> bool:
-    return events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["type"] == "length"
-
-
 def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
     # the timeout leaves short requests time to finish on a busy machine; the endless one waits it out
-    with launch_server("--shutdown-timeout", "60", api_key=KEY, key_in_env=True) as srv:
+    with launch_server("--shutdown-timeout", "20", api_key=KEY, key_in_env=True) as srv:
         tree = descendants(srv.process.pid)
         for pid in tree | {srv.process.pid}:
             assert KEY not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -57,28 +53,27 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
         assert wait_gone(tree, 10) == set()
 
 
-def test_tp3_listens_on_loopback_only_and_drains_on_sigterm_to_its_process_group():
-    with launch_server("--tp-size", "3", "--shutdown-timeout", "120") as srv:
-        tree = descendants(srv.process.pid)
-        open_ports = listeners(tree)
-        commands = {x.command for x in open_ports}
-        assert {"gcs_server", "raylet"} <= commands, commands  # Ray's services are among them
-        assert len([x for x in open_ports if x.command.startswith("ray::TPWorker")]) >= 3  # gloo / the store
-        assert [x for x in open_ports if not x.loopback_only] == []
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            running = started_streams(srv, pool, [4, 4, 4, 4])
-            os.killpg(srv.process.pid, signal.SIGTERM)  # as Ctrl-C would: everyone in the group
-            assert all(finished_normally(f.result()) for f in running)
-        assert srv.process.wait(timeout=120) == 0
-        assert wait_gone(tree, 10) == set()
-
-
-def test_a_sigkilled_command_takes_its_processes_with_it():
-    with launch_server() as srv:
-        tree = descendants(srv.process.pid)
+def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_processes_with_it():
+    port = free_port()
+    process = subprocess.Popen(
+        [*radixcluster_command(), "up", "--port", str(port)],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == f"radixcluster ready: http://127.0.0.1:{port}"
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        tree = descendants(process.pid)
         assert len(tree) >= 4  # the launcher, the router, the api, Ray
-        srv.process.kill()
-        srv.process.wait()
-        assert wait_gone(tree, 10) == set()
-        with pytest.raises(requests.ConnectionError):
-            requests.get(srv.url + "/health", timeout=5)
+        process.kill()
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "radix cache enabled" in err
+    assert wait_gone(tree, 10) == set()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=5)

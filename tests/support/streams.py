@@ -35,6 +35,11 @@ def stream(server: ServerHandle, text: str, max_new_tokens: int, started: thread
     return events
 
 
+def finished_normally(events: list) -> bool:
+    """The stream ran to its max_new_tokens and closed with [DONE]."""
+    return events[-1] == "[DONE]" and events[-2]["meta_info"]["finish_reason"]["type"] == "length"
+
+
 def started_streams(server: ServerHandle, pool, lengths: list[int]) -> list[concurrent.futures.Future]:
     """Streams of ``lengths`` tokens, each with its first event in before this returns."""
     starts = [threading.Event() for _ in lengths]
