@@ -21,8 +21,8 @@ from support.streams import started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
-STREAMS, TOKENS = 8, 96
-RAISE_AT_STEP = 30  # rank 1's 30th step: mid-decode of the first streams (one prefill step, then decodes)
+STREAMS, TOKENS = 8, 48
+RAISE_AT_STEP = 20  # rank 1's 20th step: mid-decode of the first streams (one prefill step, then decodes)
 
 
 def rank_pids(server: ServerHandle) -> dict[int, int]:
