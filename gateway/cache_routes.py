@@ -12,13 +12,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel
 
 from radixcluster.gateway.cache_info import merged_cache_info
 from radixcluster.gateway.context import GatewayContext, each, failures, forward, named, passed_on
 from radixcluster.gateway.prompts import PIN, WARM
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
-from radixcluster.router.api.auth import admin_check
+from radixcluster.router.api.auth import act_for_tenant, admin_check
 from radixcluster.router.api.cache_routes import page_routes
 from radixcluster.router.api.cache_schemas import CachePrefixIn, UnpinIn
 from radixcluster.router.api.errors import ApiError, parse_json, read_body
@@ -35,13 +34,13 @@ async def _ask_named(ctx: GatewayContext, name: str | None, path: str, headers: 
 
 
 async def _everywhere(
-    ctx: GatewayContext, request: Request, method: str, path: str, schema: type[BaseModel]
+    ctx: GatewayContext, request: Request, method: str, path: str, schema: type[CachePrefixIn]
 ) -> dict[str, Answer]:
     """The call, its body checked here first (a bad one is the same 400 as a replica's), sent to
     every available replica with the client's key; their answers by URL (502 when one is
     unreachable: the call did not reach it)."""
     raw = await read_body(request, ctx.config.max_body_bytes)
-    schema.model_validate(parse_json(raw))
+    act_for_tenant(schema.model_validate(parse_json(raw)).tenant, ctx.config.tenant_keys.values())
     headers = ctx.replicas.client_headers(request.headers.get("authorization"))
     answers = await each(ctx, method, path, raw, headers)
     unreachable = {url: a for url, a in answers.items() if not isinstance(a, Answer)}

@@ -14,11 +14,11 @@ from fastapi import Request, Response
 from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.forwarding import Forwarder
 from radixcluster.gateway.metrics import GatewayMetrics
-from radixcluster.gateway.prompts import PromptReader
+from radixcluster.gateway.prompts import CACHE_KINDS, PromptReader
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.upstream import Answer, fetch
-from radixcluster.router.api.auth import current_tenant
+from radixcluster.router.api.auth import act_for_tenant, current_tenant
 from radixcluster.router.api.errors import ApiError, parse_json, read_body
 
 
@@ -36,7 +36,10 @@ async def forward(ctx: GatewayContext, request: Request, path: str, kind: str) -
     on the replica the routing picks."""
     arrived = time.perf_counter()
     raw = await read_body(request, ctx.config.max_body_bytes)
-    routed = ctx.reader.read(kind, parse_json(raw), current_tenant.get())
+    body = parse_json(raw)
+    if kind in CACHE_KINDS:  # a cache-control call may act for a tenant it names
+        act_for_tenant(CACHE_KINDS[kind].model_validate(body).tenant, ctx.config.tenant_keys.values())
+    routed = ctx.reader.read(kind, body, current_tenant.get())
     return await ctx.forwarder.forward(request, path, routed, raw, arrived)
 
 

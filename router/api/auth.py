@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextvars import ContextVar
 
 from fastapi import Request
@@ -65,6 +65,20 @@ class BearerAuth:
                 await error_response(401, f"{message}: send 'Authorization: Bearer <key>'")(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+
+def act_for_tenant(named: str | None, tenants: Collection[str]) -> None:
+    """Make ``named`` the tenant a cache-control call acts for. Only a key without a tenant (the
+    API key, the admin key) may name one, and only one the key file has: with tenants and an admin
+    key, the admin pins and evicts inside a tenant's namespace this way."""
+    if named is None:
+        return
+    caller = current_tenant.get()
+    if caller is not None and caller != named:
+        raise ApiError(403, "a tenant's key acts for its own tenant only; leave 'tenant' out")
+    if named not in tenants:
+        raise ApiError(400, f"tenant {named!r} is not in the --api-key-file")
+    current_tenant.set(named)
 
 
 def admin_check(admin_key: str | None) -> Callable[[Request], None]:

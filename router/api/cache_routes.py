@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import uuid
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from radixcluster.protocol import GenerateRequest, SamplingParams
-from radixcluster.router.api.auth import admin_check, current_tenant
+from radixcluster.router.api.auth import act_for_tenant, admin_check, current_tenant
 from radixcluster.router.api.cache_schemas import MAX_TREE_DEPTH, CachePrefixIn, PinIn, UnpinIn
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.generation import collect, run_generation
 from radixcluster.router.api.router_client import RouterError
+
+Prefix = TypeVar("Prefix", bound=CachePrefixIn)
 
 # the page's files (package data), by the path they are served under, with their media type
 PAGE_FILES = {
@@ -72,6 +74,13 @@ def cache_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     admin = [Depends(admin_check(ctx.config.admin_api_key))]
     router.include_router(page_routes())
+    tenants = set(ctx.config.tenant_keys.values())
+
+    async def read_prefix(request: Request, schema: type[Prefix]) -> Prefix:
+        """The call's body; from here on the call acts for the tenant it names, if any."""
+        body = schema.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        act_for_tenant(body.tenant, tenants)
+        return body
 
     @router.get("/cache/tree")
     async def cache_tree(
@@ -82,19 +91,19 @@ def cache_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/cache/warm", dependencies=admin)
     async def warm(request: Request) -> dict[str, Any]:
-        body = CachePrefixIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await read_prefix(request, CachePrefixIn)
         return await _warm(ctx, request, body)
 
     @router.post("/cache/pin", dependencies=admin)
     async def pin(request: Request) -> dict[str, Any]:
         """Warm the prefix, then keep its pages from eviction for ``ttl_s`` seconds."""
-        body = PinIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await read_prefix(request, PinIn)
         warmed = await _warm(ctx, request, body)
         return {**warmed, **await _cache_call(ctx, "cache_pin", body.router_args())}
 
     @router.delete("/cache/pin", dependencies=admin)
     async def unpin(request: Request) -> dict[str, Any]:
-        body = UnpinIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await read_prefix(request, UnpinIn)
         answer = await _cache_call(ctx, "cache_unpin", body.router_args())
         if not answer["unpinned"]:
             raise ApiError(404, "no pin holds this prefix (pin and unpin must name the same prefix and cache_salt)")
@@ -103,7 +112,7 @@ def cache_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/cache/evict", dependencies=admin)
     async def evict(request: Request) -> dict[str, Any]:
         """Free the unlocked pages of every cached run that starts with the prefix."""
-        body = CachePrefixIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await read_prefix(request, CachePrefixIn)
         return await _cache_call(ctx, "cache_evict", body.router_args())
 
     return router

@@ -24,6 +24,7 @@ class CachePrefixIn(BaseModel):
     text: str | None = Field(default=None, min_length=1)
     input_ids: list[TokenId] | None = Field(default=None, min_length=1)
     cache_salt: Key | None = None
+    tenant: Key | None = None  # act for this tenant (router/api/auth.py act_for_tenant)
 
     @model_validator(mode="after")
     def _one_prefix(self) -> CachePrefixIn:

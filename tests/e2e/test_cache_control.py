@@ -250,3 +250,22 @@ def test_openai_requests_pin_through_the_cache_control_field(server):
         ask("Name a lake.", plain)
     with pytest.raises(openai.BadRequestError, match="ttl"):
         sdk.completions.create(model=model, prompt="hi", max_tokens=1, extra_body={"cache_control": {"ttl": "1y"}})
+
+
+def test_the_admin_pins_and_evicts_inside_a_tenants_namespace_by_naming_it(server):
+    body = {"text": PINNED, "ttl_s": 600, "tenant": "alpha"}
+    pinned = admin(server, "POST", "/cache/pin", body)
+    assert pinned.status_code == 200, pinned.text
+    tokens = pinned.json()["tokens"]
+    question = PINNED + " Which river is the longest?"
+    assert as_tenant(server, "ka", question)["cached_tokens"] == tokens  # alpha's namespace
+    assert as_tenant(server, "kb", question)["cached_tokens"] == 0
+    assert cached(server, question) == 0  # the admin's own namespace holds nothing of it
+    flood(server)
+    assert as_tenant(server, "ka", question)["cached_tokens"] >= tokens  # the pin held through the flood
+    assert admin(server, "POST", "/cache/pin", {**body, "tenant": "delta"}).status_code == 400
+    unpinned = admin(server, "DELETE", "/cache/pin", {"text": PINNED, "tenant": "alpha"})
+    assert unpinned.status_code == 200 and unpinned.json()["unpinned"]
+    evicted = admin(server, "POST", "/cache/evict", {"text": PINNED, "tenant": "alpha"}).json()["evicted_tokens"]
+    assert evicted >= tokens
+    assert as_tenant(server, "ka", question)["cached_tokens"] == 0

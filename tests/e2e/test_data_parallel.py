@@ -286,6 +286,29 @@ def test_a_pin_draws_its_prefix_tenants_stay_apart_and_evict_frees_it(cluster) -
             assert ADMIN_KEY.encode() not in cmdline and API_KEY.encode() not in cmdline
 
 
+def test_the_admin_pins_for_a_tenant_and_the_tenants_requests_go_where_it_is(cluster) -> None:
+    alpha_key, beta_key = list(TENANT_KEYS)
+    manual = ("Alpha's handbook: every answer cites the section it comes from, and nothing else. " * 4).rstrip()
+    body = {"text": manual, "ttl_s": 300, "tenant": "alpha"}
+    assert call(cluster, "POST", "/cache/pin", ADMIN_KEY, {**body, "tenant": "gamma"}).status_code == 400
+    pin = call(cluster, "POST", "/cache/pin", ADMIN_KEY, body)
+    assert pin.status_code == 200, pin.text
+    home, tokens = pin.json()["replica"], pin.json()["tokens"]
+
+    def ask(key: str) -> dict:
+        request = {"text": manual + " Which section?", "sampling_params": {"max_new_tokens": 1}}
+        resp = call(cluster, "POST", "/generate", key, request)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["meta_info"]
+
+    alpha = ask(alpha_key)
+    assert alpha["replica"] == home and alpha["cached_tokens"] == alpha["predicted_cached_tokens"] >= tokens
+    beta = ask(beta_key)
+    assert beta["cached_tokens"] == beta["predicted_cached_tokens"] == 0
+    unpinned = call(cluster, "DELETE", "/cache/pin", ADMIN_KEY, {"text": manual, "tenant": "alpha"})
+    assert unpinned.json()["replicas"] == [home]
+
+
 def test_the_cache_page_at_the_gateway_draws_the_replica_chosen(cluster, chromium) -> None:
     page = page_nodes(chromium, f"{cluster.url}/cache#key={API_KEY}")
     assert page.options_of["replica"] == list(replicas(cluster))  # the selector, the first available one chosen
