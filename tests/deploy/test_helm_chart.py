@@ -1,5 +1,5 @@
 """The Helm chart: lints strictly, renders valid Kubernetes objects for the default, GPU
-(tp 8), multi-node and gateway values, wires its objects to one another, and passes the
+(tp 8), multi-node, gateway and keys values, wires its objects to one another, and passes the
 values on to `radixcluster up` and `radixcluster gateway` as flags the real CLI accepts."""
 
 from __future__ import annotations
@@ -21,7 +21,16 @@ from support.helm_binary import helm_binary
 GPU_VALUES = CHART / "ci" / "gpu-tp8-values.yaml"
 MULTINODE_VALUES = CHART / "ci" / "multinode-values.yaml"
 GATEWAY_VALUES = CHART / "ci" / "gateway-values.yaml"
-VALUES = {"default": (), "gpu": (GPU_VALUES,), "multinode": (MULTINODE_VALUES,), "gateway": (GATEWAY_VALUES,)}
+KEYS_VALUES = CHART / "ci" / "keys-values.yaml"
+VALUES = {
+    "default": (),
+    "gpu": (GPU_VALUES,),
+    "multinode": (MULTINODE_VALUES,),
+    "gateway": (GATEWAY_VALUES,),
+    "keys": (KEYS_VALUES,),
+}
+# Secrets the values files name but the chart does not create.
+EXISTING_SECRETS = {"gpu": {"radixcluster-api-key"}, "keys": {"rc-admin", "rc-tenants"}}
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +87,7 @@ def test_objects_reference_each_other(rendered: tuple[str, list[dict[str, Any]]]
     pod = deployment["spec"]["template"]
     front = next(s for s in service if s["spec"].get("clusterIP") != "None")
     # the Service reaches the replicas, or the gateway in front of them
-    fronted = component(docs, "Deployment", "gateway") if name == "gateway" else deployment
+    fronted = component(docs, "Deployment", "gateway") if name in ("gateway", "keys") else deployment
     assert front["spec"]["selector"].items() <= fronted["spec"]["template"]["metadata"]["labels"].items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"] for p in container(deployment, "server")["ports"]}
@@ -91,7 +100,7 @@ def test_objects_reference_each_other(rendered: tuple[str, list[dict[str, Any]]]
     volumes = {v["name"] for v in pod["spec"]["volumes"]}
     assert {m["name"] for m in container(deployment, "server")["volumeMounts"]} <= volumes
     secrets = {s["metadata"]["name"] for s in by_kind(docs, "Secret")}
-    existing = {"radixcluster-api-key"} if name == "gpu" else set()
+    existing = EXISTING_SECRETS.get(name, set())
     refs = [
         e["valueFrom"]["secretKeyRef"]["name"]
         for workload in by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
@@ -205,6 +214,54 @@ def test_no_key_means_no_auth_anywhere(helm: Helm) -> None:
         '127.0.0.1:30000/health"'
         in container(server_deployment(docs), "server")["readinessProbe"]["exec"]["command"][-1]
     )
+
+
+def test_admin_key_and_tenants_come_from_their_secrets(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admin key reaches the server and the gateway through their environment, the tenants'
+    keys file as a read-only Secret volume that --api-key-file names."""
+    read: list[str] = []
+
+    def tenants_file(path: str) -> dict[str, str]:  # the file is the Secret's, in the pod
+        read.append(path)
+        return {"tenant-key": "acme"}
+
+    monkeypatch.setattr("radixcluster.server_args.load_tenant_keys", tenants_file)
+    monkeypatch.setattr("radixcluster.gateway_args.load_tenant_keys", tenants_file)
+    docs = helm.template(CHART, (KEYS_VALUES,))
+    path = "/etc/radixcluster/tenants/keys.json"
+    assert server_args(docs).api_key_file == path
+    config = gateway_config(docs)
+    assert config.tenant_keys == {"tenant-key": "acme"} and config.replica_api_key == "<RADIXCLUSTER_API_KEY>"
+    assert read == [path, path]
+    for workload, name in ((server_deployment(docs), "server"), (component(docs, "Deployment", "gateway"), "gateway")):
+        pod = workload["spec"]["template"]["spec"]
+        c = container(workload, name)
+        admin = next(e for e in c["env"] if e["name"] == "RADIXCLUSTER_ADMIN_API_KEY")
+        assert admin["valueFrom"]["secretKeyRef"] == {"name": "rc-admin", "key": "admin-api-key"}
+        assert not any("admin" in arg for arg in c["args"])
+        volume = next(v for v in pod["volumes"] if v["name"] == "tenants")
+        assert volume["secret"] == {"secretName": "rc-tenants", "items": [{"key": "keys.json", "path": "keys.json"}]}
+        mount = next(m for m in c["volumeMounts"] if m["name"] == "tenants")
+        assert mount == {"name": "tenants", "mountPath": "/etc/radixcluster/tenants", "readOnly": True}
+    assert not any("ADMIN" in e["name"] for e in container(server_deployment(helm.template(CHART)), "server")["env"]), (
+        "no admin key by default"
+    )
+
+
+def test_tenants_need_a_key_for_the_charts_own_calls(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With tenants' keys every call needs a key: the readiness check and the gateway's calls to
+    the replicas take the API key, else the admin key; with neither the chart refuses (the
+    gateway would refuse to start)."""
+    without_api_key = ("apiKey.create=false", "tenants.existingSecret=rc-tenants")
+    with pytest.raises(RuntimeError, match="tenants.existingSecret needs a key"):
+        helm.template(CHART, (GATEWAY_VALUES,), sets=without_api_key)
+    docs = helm.template(CHART, (GATEWAY_VALUES,), sets=(*without_api_key, "adminApiKey.existingSecret=rc-admin"))
+    readiness = container(server_deployment(docs), "server")["readinessProbe"]["exec"]["command"][-1]
+    assert 'os.environ.get("RADIXCLUSTER_ADMIN_API_KEY")' in readiness
+    monkeypatch.setattr("radixcluster.gateway_args.load_tenant_keys", lambda path: {"tenant-key": "acme"})
+    monkeypatch.setenv("RADIXCLUSTER_ADMIN_API_KEY", "admin-key")  # what the pod's env holds
+    config = gateway_config(docs)
+    assert (config.api_key, config.replica_api_key) == (None, "admin-key")
 
 
 def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:

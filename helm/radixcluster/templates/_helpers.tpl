@@ -72,6 +72,53 @@ app.kubernetes.io/component: ray-head
 {{- end }}
 {{- end }}
 
+{{/* The admin key's variable, from adminApiKey.existingSecret (never a flag: ps shows those). */}}
+{{- define "radixcluster.adminApiKeyEnv" -}}
+{{- if .Values.adminApiKey.existingSecret }}
+- name: RADIXCLUSTER_ADMIN_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.adminApiKey.existingSecret }}
+      key: {{ .Values.adminApiKey.secretKey }}
+{{- end }}
+{{- end }}
+
+{{- define "radixcluster.tenantsDir" -}}
+/etc/radixcluster/tenants
+{{- end }}
+
+{{/* The --api-key-file of the server and the gateway, or "" without tenants. Tenants' keys make
+every call need a key, the chart's own too (the readiness check, the gateway's calls to the
+replicas): they take the API key, else the admin key, and without either the chart refuses. */}}
+{{- define "radixcluster.apiKeyFile" -}}
+{{- if .Values.tenants.existingSecret }}
+{{- if not (or (include "radixcluster.apiKeySecret" .) .Values.adminApiKey.existingSecret) }}
+{{- fail "tenants.existingSecret needs a key for the chart's own calls (readiness, the gateway's calls to the replicas): keep apiKey.create=true, or set apiKey.existingSecret or adminApiKey.existingSecret" }}
+{{- end }}
+{{- printf "%s/%s" (include "radixcluster.tenantsDir" .) .Values.tenants.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/* The tenants' Secret as a volume (only its keys file) and its read-only mount. */}}
+{{- define "radixcluster.tenantsVolume" -}}
+{{- if .Values.tenants.existingSecret }}
+- name: tenants
+  secret:
+    secretName: {{ .Values.tenants.existingSecret }}
+    items:
+      - key: {{ .Values.tenants.secretKey }}
+        path: {{ .Values.tenants.secretKey }}
+{{- end }}
+{{- end }}
+
+{{- define "radixcluster.tenantsMount" -}}
+{{- if .Values.tenants.existingSecret }}
+- name: tenants
+  mountPath: {{ include "radixcluster.tenantsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
 {{- define "radixcluster.modelPath" -}}
 {{- if ne .Values.model.source "embedded" }}
 {{- trimSuffix "/" (printf "%s/%s" .Values.model.mountPath .Values.model.path) }}
@@ -79,7 +126,8 @@ app.kubernetes.io/component: ray-head
 {{- end }}
 
 {{/* The flags of `radixcluster up`; a null value leaves its flag to the server's default. The API
-key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command line shows in ps). */}}
+and admin keys are not among them: the server reads them from RADIXCLUSTER_API_KEY and
+RADIXCLUSTER_ADMIN_API_KEY (a command line shows in ps). */}}
 {{- define "radixcluster.serverArgs" -}}
 {{- $s := .Values.server -}}
 - --host=0.0.0.0
@@ -112,6 +160,9 @@ key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command
 {{- if $s.disableRadixCache }}
 - --disable-radix-cache
 {{- end }}
+{{- with (include "radixcluster.apiKeyFile" .) }}
+- --api-key-file={{ . }}
+{{- end }}
 {{- if .Values.gateway.enabled }}
 - --kv-events-address=tcp://0.0.0.0:{{ int .Values.gateway.eventsPort }}
 {{- end }}
@@ -120,14 +171,15 @@ key is not one of them: the server reads it from RADIXCLUSTER_API_KEY (a command
 {{- end }}
 {{- end }}
 
-{{/* Readiness as an exec probe: httpGet cannot read the API key from a Secret. */}}
+{{/* Readiness as an exec probe: httpGet cannot read the API key (else the admin key, which the
+server accepts wherever the API key is) from a Secret. */}}
 {{- define "radixcluster.readinessCommand" -}}
 {{- $url := printf "http://127.0.0.1:%d%s" (int .Values.server.port) .Values.probes.readiness.path -}}
 - python
 - -c
 - |
   import os, urllib.request as u
-  key = os.environ.get("RADIXCLUSTER_API_KEY")
+  key = os.environ.get("RADIXCLUSTER_API_KEY") or os.environ.get("RADIXCLUSTER_ADMIN_API_KEY")
   headers = {"Authorization": "Bearer " + key} if key else {}
   u.urlopen(u.Request({{ $url | quote }}, headers=headers), timeout={{ int .Values.probes.readiness.timeoutSeconds }})
 {{- end }}
@@ -197,6 +249,9 @@ anyone who reaches it). */}}
 {{- end }}
 {{- if include "radixcluster.apiKeySecret" . }}
 - --api-key=$(RADIXCLUSTER_API_KEY)
+{{- end }}
+{{- with (include "radixcluster.apiKeyFile" .) }}
+- --api-key-file={{ . }}
 {{- end }}
 {{- with $g.loadWeight }}
 - {{ printf "--load-weight=%v" . | quote }}
