@@ -5,10 +5,12 @@ values on to `radixcluster up` and `radixcluster gateway` as flags the real CLI 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -62,12 +64,16 @@ def server_args(docs: list[dict[str, Any]]) -> ServerArgs:
 
 
 def gateway_config(docs: list[dict[str, Any]]) -> GatewayConfig:
-    """The gateway Deployment's args parsed by the real `radixcluster gateway` parser."""
+    """The gateway Deployment's args parsed by the real `radixcluster gateway` parser, in an
+    environment holding "<NAME>" for each variable the pod takes from a Secret."""
     parser = argparse.ArgumentParser()
     add_gateway_args(parser)
     gateway = container(component(docs, "Deployment", "gateway"), "gateway")
     assert gateway["command"] == ["radixcluster", "gateway"]
-    return gateway_config_from_namespace(parser.parse_args(_filled(gateway["args"])))
+    secrets = {e["name"]: f"<{e['name']}>" for e in gateway.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    assert not any("key=" in arg and "key-file" not in arg for arg in gateway["args"]), "a key in the args shows in ps"
+    with mock.patch.dict(os.environ, secrets):
+        return gateway_config_from_namespace(parser.parse_args(_filled(gateway["args"])))
 
 
 @pytest.mark.parametrize("name", list(VALUES))
@@ -259,9 +265,8 @@ def test_tenants_need_a_key_for_the_charts_own_calls(helm: Helm, monkeypatch: py
     readiness = container(server_deployment(docs), "server")["readinessProbe"]["exec"]["command"][-1]
     assert 'os.environ.get("RADIXCLUSTER_ADMIN_API_KEY")' in readiness
     monkeypatch.setattr("radixcluster.gateway_args.load_tenant_keys", lambda path: {"tenant-key": "acme"})
-    monkeypatch.setenv("RADIXCLUSTER_ADMIN_API_KEY", "admin-key")  # what the pod's env holds
     config = gateway_config(docs)
-    assert (config.api_key, config.replica_api_key) == (None, "admin-key")
+    assert (config.api_key, config.replica_api_key) == (None, "<RADIXCLUSTER_ADMIN_API_KEY>")
 
 
 def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:

@@ -247,9 +247,6 @@ anyone who reaches it). */}}
 {{- with (include "radixcluster.modelPath" .) }}
 - --model-path={{ . }}
 {{- end }}
-{{- if include "radixcluster.apiKeySecret" . }}
-- --api-key=$(RADIXCLUSTER_API_KEY)
-{{- end }}
 {{- with (include "radixcluster.apiKeyFile" .) }}
 - --api-key-file={{ . }}
 {{- end }}
