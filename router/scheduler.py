@@ -172,7 +172,8 @@ class Scheduler:
                 return None
         free_slots = self.config.max_running_requests - len(decoding) - len(self.prefilling)
         admitted: list[Request] = []
-        running = Counter(r.tenant for r in decoding + self.prefilling)
+        # admitted requests per tenant, counted only when some tenant has a running quota
+        running = Counter(r.tenant for r in decoding + self.prefilling) if self.config.tenant_quotas else Counter()
         for req in self.policy.order(self.waiting) if free_slots > 0 else ():
             if len(admitted) == free_slots or adm.token_budget <= 0:
                 break
