@@ -267,6 +267,10 @@ def test_tenants_need_a_key_for_the_charts_own_calls(helm: Helm, monkeypatch: py
     monkeypatch.setattr("radixcluster.gateway_args.load_tenant_keys", lambda path: {"tenant-key": "acme"})
     config = gateway_config(docs)
     assert (config.api_key, config.replica_api_key) == (None, "<RADIXCLUSTER_ADMIN_API_KEY>")
+    # Prometheus too: every replica's and the gateway's /metrics take the admin key
+    for monitor in by_kind(docs, "ServiceMonitor"):
+        credentials = monitor["spec"]["endpoints"][0]["authorization"]["credentials"]
+        assert credentials == {"name": "rc-admin", "key": "admin-api-key"}
 
 
 def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:

@@ -72,6 +72,20 @@ app.kubernetes.io/component: ray-head
 {{- end }}
 {{- end }}
 
+{{/* The key the chart's own calls send from outside the pods (Prometheus scraping /metrics), as
+a secretKeyRef: the API key, else the admin key (the server accepts it wherever the API key is);
+"" when neither is set. */}}
+{{- define "radixcluster.callerKeyRef" -}}
+{{- $apiKeySecret := include "radixcluster.apiKeySecret" . }}
+{{- if $apiKeySecret }}
+name: {{ $apiKeySecret }}
+key: {{ .Values.apiKey.secretKey }}
+{{- else if .Values.adminApiKey.existingSecret }}
+name: {{ .Values.adminApiKey.existingSecret }}
+key: {{ .Values.adminApiKey.secretKey }}
+{{- end }}
+{{- end }}
+
 {{/* The admin key's variable, from adminApiKey.existingSecret (never a flag: ps shows those). */}}
 {{- define "radixcluster.adminApiKeyEnv" -}}
 {{- if .Values.adminApiKey.existingSecret }}
