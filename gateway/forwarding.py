@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from radixcluster.gateway.metrics import GatewayMetrics
@@ -103,16 +103,15 @@ class Forwarder:
         self.metrics = metrics
         self.ledger = PredictionLedger(metrics)
 
-    async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes, arrived: float) -> Response:
+    async def forward(
+        self, receive: Receive, headers: Headers, path: str, routed: RoutedRequest, raw: bytes, arrived: float
+    ) -> Response:
         """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
-        time) on a replica; the client leaving a non-streamed request cancels it there."""
-        session = request.headers.get("x-session-id")
-        headers = {
-            **self.replicas.client_headers(request.headers.get("authorization")),
-            "Content-Type": "application/json",
-        }
-        forwarding = self._forward(path, routed, raw, headers, session, arrived)
-        return await (forwarding if routed.stream else until_disconnect(request, forwarding))
+        time, with ``headers``) on a replica; the client leaving a non-streamed request cancels
+        it there."""
+        sent = {**self.replicas.client_headers(headers.get("authorization")), "Content-Type": "application/json"}
+        forwarding = self._forward(path, routed, raw, sent, headers.get("x-session-id"), arrived)
+        return await (forwarding if routed.stream else until_disconnect(receive, forwarding))
 
     async def _forward(
         self, path: str, routed: RoutedRequest, raw: bytes, headers: dict[str, str], session: str | None, arrived: float
