@@ -81,7 +81,9 @@ def parse_json(body: bytes) -> object:
         raise ApiError(400, f"invalid JSON in the request body: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
-    where = lone_surrogate(value)
+    # a lone surrogate comes from a \u escape (a backslash byte in any of JSON's encodings) or
+    # from its code unit's bytes (never ASCII): a body with neither needs no walk
+    where = None if body.isascii() and b"\\" not in body else lone_surrogate(value)
     if where is not None:
         # a path through an object key may hold the surrogate itself: escaped, the message is UTF-8
         where = where.encode("utf-8", "backslashreplace").decode("utf-8")
