@@ -1,6 +1,5 @@
-"""The forwarded requests' HTTP/1.1 client: keep-alive connections to each replica, reused,
-with the answers parsed by httptools (aiohttp's machinery per request cost more CPU than the
-rest of the gateway's work on it)."""
+"""The forwarded requests' HTTP/1.1 client: keep-alive connections to each replica, reused, their
+answers parsed by httptools (aiohttp's machinery cost more CPU per request than all the rest)."""
 
 from __future__ import annotations
 
