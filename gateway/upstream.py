@@ -1,6 +1,5 @@
-"""The gateway's HTTP client to its replicas: one aiohttp session (a pool of keep-alive
-connections) for the gateway's life, answers read whole, and the failures a replica's
-connection can end in."""
+"""The gateway's aiohttp session to its replicas for all but the forwarded generations (polls,
+snapshots, the other routes; those go through connections.py), answers read whole."""
 
 from __future__ import annotations
 
