@@ -34,6 +34,7 @@ class Exchange(asyncio.Protocol):
         self._until_eof = True  # no Content-Length and not chunked: the answer ends with the connection
         self._chunks: list[bytes] = []
         self._buffered = 0
+        self._paused = False
         self._complete = False
         self._keep_alive = False
 
@@ -71,8 +72,9 @@ class Exchange(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        if self._buffered > HIGH_WATER_BYTES and self._transport is not None:
+        if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
             self._transport.pause_reading()
+            self._paused = True
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -110,8 +112,9 @@ class Exchange(asyncio.Protocol):
         while True:
             if self._chunks:
                 data, self._chunks, self._buffered = b"".join(self._chunks), [], 0
-                if self._transport is not None:
+                if self._paused and self._transport is not None:
                     self._transport.resume_reading()
+                    self._paused = False
                 *complete, pending = (pending + data).split(b"\n")
                 for line in complete:
                     yield line.rstrip(b"\r")

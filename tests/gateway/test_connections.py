@@ -142,3 +142,23 @@ def test_a_replica_that_does_not_answer_is_an_upstream_error() -> None:
             await answer.read()
 
     asyncio.run(serve(hangs_up, cut_short))
+
+
+def test_a_stream_read_slowly_pauses_the_replica_and_resumes_whole() -> None:
+    line = b"data: " + b"x" * 1000 + b"\n"
+
+    async def floods(_: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read_request()  # type: ignore[attr-defined]
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(600):  # 600 KB: past the high-water mark while the client sleeps
+            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def slow(url: str, pool: ConnectionPool) -> None:
+        answer = await pool.post(url, "/generate", b"{}", {})
+        await asyncio.sleep(0.2)
+        assert [len(x) async for x in answer.lines()] == [len(line) - 1] * 600
+        assert answer.reusable
+
+    asyncio.run(serve(floods, slow))
