@@ -77,11 +77,11 @@ def gateway_cache_routes(ctx: GatewayContext) -> APIRouter:
 
     @router.post("/cache/warm", dependencies=admin)
     async def warm(request: Request) -> Response:
-        return await forward(ctx, request, "/cache/warm", WARM)
+        return await forward(ctx, request.receive, request.headers, "/cache/warm", WARM)
 
     @router.post("/cache/pin", dependencies=admin)
     async def pin(request: Request) -> Response:
-        return await forward(ctx, request, "/cache/pin", PIN)
+        return await forward(ctx, request.receive, request.headers, "/cache/pin", PIN)
 
     @router.delete("/cache/pin", dependencies=admin, response_model=None)
     async def unpin(request: Request) -> Response | dict[str, Any]:

@@ -9,7 +9,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fastapi import Request, Response
+from fastapi import Response
+from starlette.datastructures import Headers
+from starlette.types import Receive
 
 from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.forwarding import Forwarder
@@ -19,7 +21,7 @@ from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.upstream import Answer, fetch
 from radixcluster.router.api.auth import act_for_tenant, current_tenant
-from radixcluster.router.api.errors import ApiError, parse_json, read_body
+from radixcluster.router.api.errors import ApiError, parse_json, receive_body
 
 
 @dataclass(slots=True)
@@ -31,16 +33,17 @@ class GatewayContext:
     metrics: GatewayMetrics
 
 
-async def forward(ctx: GatewayContext, request: Request, path: str, kind: str) -> Response:
-    """Read the request as ``kind`` (for the tenant of the client's key) and forward it to ``path``
-    on the replica the routing picks."""
+async def forward(ctx: GatewayContext, receive: Receive, headers: Headers, path: str, kind: str) -> Response:
+    """Read the request (``headers`` and ``receive``, raw ASGI: FastAPI's routes and the fast
+    path both call this) as ``kind``, for the tenant of the client's key, and forward it to
+    ``path`` on the replica the routing picks."""
     arrived = time.perf_counter()
-    raw = await read_body(request, ctx.config.max_body_bytes)
+    raw = await receive_body(receive, headers, ctx.config.max_body_bytes)
     body = parse_json(raw)
     if kind in CACHE_KINDS:  # a cache-control call may act for a tenant it names
         act_for_tenant(CACHE_KINDS[kind].model_validate(body).tenant, ctx.config.tenant_keys.values())
     routed = ctx.reader.read(kind, body, current_tenant.get())
-    return await ctx.forwarder.forward(request, path, routed, raw, arrived)
+    return await ctx.forwarder.forward(receive, headers, path, routed, raw, arrived)
 
 
 def available(ctx: GatewayContext) -> list[Replica]:

@@ -10,25 +10,25 @@ the prediction.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from radixcluster.gateway.connections import Exchange, UpstreamError
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.predictions import PredictionLedger, Report
 from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RoutedRequest
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
-from radixcluster.gateway.upstream import UPSTREAM_ERRORS, lines
 from radixcluster.router.api.errors import ApiError, error_body
 from radixcluster.router.api.generation import SSE_DONE, SSEResponse, sse, until_disconnect
 
@@ -74,12 +74,12 @@ class Dispatch:
 
 
 class _RelayResponse(SSEResponse):
-    """A relayed stream whose dispatch and upstream response end however it ends (also when
+    """A relayed stream whose dispatch and upstream connection end however it ends (also when
     the client left before the first frame, so the body generator never started)."""
 
-    def __init__(self, body: AsyncGenerator[bytes, None], dispatch: Dispatch, upstream: aiohttp.ClientResponse) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], dispatch: Dispatch, release: Callable[[], None]) -> None:
         super().__init__(body, headers=SSE_HEADERS)
-        self._dispatch, self._upstream = dispatch, upstream
+        self._dispatch, self._release = dispatch, release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -88,7 +88,7 @@ class _RelayResponse(SSEResponse):
             self._dispatch.end()
             # back to the pool when the stream was read to its end; closed (the replica sees
             # the client leave and aborts) when not
-            self._upstream.release()
+            self._release()
 
 
 class Forwarder:
@@ -103,16 +103,15 @@ class Forwarder:
         self.metrics = metrics
         self.ledger = PredictionLedger(metrics)
 
-    async def forward(self, request: Request, path: str, routed: RoutedRequest, raw: bytes, arrived: float) -> Response:
+    async def forward(
+        self, receive: Receive, headers: Headers, path: str, routed: RoutedRequest, raw: bytes, arrived: float
+    ) -> Response:
         """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
-        time) on a replica; the client leaving a non-streamed request cancels it there."""
-        session = request.headers.get("x-session-id")
-        headers = {
-            **self.replicas.client_headers(request.headers.get("authorization")),
-            "Content-Type": "application/json",
-        }
-        forwarding = self._forward(path, routed, raw, headers, session, arrived)
-        return await (forwarding if routed.stream else until_disconnect(request, forwarding))
+        time, with ``headers``) on a replica; the client leaving a non-streamed request cancels
+        it there."""
+        sent = {**self.replicas.client_headers(headers.get("authorization")), "Content-Type": "application/json"}
+        forwarding = self._forward(path, routed, raw, sent, headers.get("x-session-id"), arrived)
+        return await (forwarding if routed.stream else until_disconnect(receive, forwarding))
 
     async def _forward(
         self, path: str, routed: RoutedRequest, raw: bytes, headers: dict[str, str], session: str | None, arrived: float
@@ -147,35 +146,34 @@ class Forwarder:
                 raise
             replica.request_passed()
             if content is None:
-                return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, upstream)
+                release = functools.partial(self.replicas.pool.release, replica.url, upstream)
+                return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, release)
             answered = time.perf_counter()
             dispatch.end()
             if upstream.status != 200:
-                return Response(content, upstream.status, media_type=upstream.headers.get("Content-Type"))
+                return Response(content, upstream.status, media_type=upstream.content_type)
             response = JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
             self.metrics.own_seconds.observe((sent - arrived) + (time.perf_counter() - answered))
             return response
 
     async def _send(
         self, replica: Replica, path: str, raw: bytes, headers: dict[str, str], stream: bool
-    ) -> tuple[aiohttp.ClientResponse, bytes | None]:
-        """The replica's response and, unless it is a stream to relay, its whole body."""
+    ) -> tuple[Exchange, bytes | None]:
+        """The replica's answer and, unless it is a stream to relay, its whole body."""
         try:
-            upstream = await self.replicas.http.post(
-                replica.url + path, data=raw, headers=headers, allow_redirects=False
-            )
-        except UPSTREAM_ERRORS as exc:
-            raise _NotServed(f"{type(exc).__name__}: {exc}") from None
+            upstream = await self.replicas.pool.post(replica.url, path, raw, headers)
+        except UpstreamError as exc:
+            raise _NotServed(str(exc)) from None
         relay = stream and upstream.status == 200
         try:
             if upstream.status in RETRY_STATUSES:
                 raise _NotServed(f"HTTP {upstream.status}")
             return upstream, None if relay else await upstream.read()
-        except UPSTREAM_ERRORS as exc:
-            raise _NotServed(f"{type(exc).__name__}: {exc}") from None
+        except UpstreamError as exc:
+            raise _NotServed(str(exc)) from None
         finally:
             if not relay:
-                upstream.release()
+                self.replicas.pool.release(replica.url, upstream)
 
     # ------------------------------------------------------------ answers
 
@@ -207,12 +205,12 @@ class Forwarder:
         self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
 
     async def _relay(
-        self, upstream: aiohttp.ClientResponse, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
+        self, upstream: Exchange, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
     ) -> AsyncGenerator[bytes, None]:
         """The replica's SSE frames, annotated, as they arrive."""
         placement = dispatch.placement
         try:
-            async for line in lines(upstream):
+            async for line in upstream.lines():
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
@@ -233,7 +231,7 @@ class Forwarder:
                         yield sse(chunk)
                 else:
                     yield sse(chunk)
-        except UPSTREAM_ERRORS as exc:
+        except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
             yield sse(error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}"))
             yield SSE_DONE

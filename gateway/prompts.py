@@ -94,11 +94,15 @@ class PromptReader:
             native = GenerateIn.model_validate(body)
             texts: dict[str, list[int]] = {}
             prompts = []
-            for sub in native.expand():
-                ids = sub.input_ids if sub.input_ids is not None else texts.get(sub.text or "")
-                if ids is None:
-                    ids = texts[sub.text or ""] = self._encode(sub.text)
-                prompts.append(_prompt(ids, sub.cache_salt, sub.logprob_start_len))
+            # the order of native.expand() (prompt-major, each prompt n times), without the
+            # request ids and sampling parameters it makes for the router
+            for i, prompt in enumerate(native.prompts()):
+                if isinstance(prompt, str):
+                    ids = texts.get(prompt) or texts.setdefault(prompt, self._encode(prompt))
+                else:
+                    ids = prompt
+                salt, start = native.cache_namespace(i), native.logprob_start(i)
+                prompts += [_prompt(ids, salt, start) for _ in range(native.params_for(i).n)]
             return RoutedRequest(kind, body, prompts, native.stream)
         if kind == COMPLETIONS:
             completion = CompletionIn.model_validate(body)

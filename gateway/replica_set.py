@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from radixcluster.gateway.config import GatewayConfig
+from radixcluster.gateway.connections import ConnectionPool
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, open_session
 from radixcluster.protocol import ProtocolError, TreeEvent, decode
@@ -39,6 +40,7 @@ class ReplicaSet:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self._http: aiohttp.ClientSession | None = None
+        self.pool = ConnectionPool()  # the forwarded requests' connections
         self.headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self._replicas: dict[str, Replica] = {}
         self._tasks: dict[str, list[asyncio.Task]] = {}
@@ -77,6 +79,7 @@ class ReplicaSet:
         for url in list(self._replicas):
             await self.remove(url)
         self._zmq.term()
+        self.pool.close()
         if self._http is not None:
             await self._http.close()
 
@@ -102,6 +105,7 @@ class ReplicaSet:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self.pool.drop(replica.url)
         replica.poll_failed("removed")
         logger.info("replica %s removed", replica.url)
         return True

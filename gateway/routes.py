@@ -44,15 +44,15 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        return await forward(ctx, request, "/generate", NATIVE)
+        return await forward(ctx, request.receive, request.headers, "/generate", NATIVE)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await forward(ctx, request, "/v1/completions", COMPLETIONS)
+        return await forward(ctx, request.receive, request.headers, "/v1/completions", COMPLETIONS)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await forward(ctx, request, "/v1/chat/completions", CHAT)
+        return await forward(ctx, request.receive, request.headers, "/v1/chat/completions", CHAT)
 
     @router.get("/health")
     async def health() -> Response:

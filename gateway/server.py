@@ -11,11 +11,13 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from radixcluster import __version__
 from radixcluster.gateway.cache_routes import gateway_cache_routes
 from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.context import GatewayContext
+from radixcluster.gateway.fast_path import FastPath
 from radixcluster.gateway.forwarding import Forwarder
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.prompts import PromptReader
@@ -29,8 +31,9 @@ from radixcluster.router.text.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
-    """The gateway app; it starts watching the replicas (and opens its connections to them)
+def create_app(config: GatewayConfig) -> ASGIApp:
+    """The gateway app: the auth check, then the fast path of the generation routes, then
+    FastAPI for the rest; it starts watching the replicas (and opens its connections to them)
     when the app starts (lifespan)."""
     replicas = ReplicaSet(config)
     metrics = GatewayMetrics()
@@ -54,11 +57,13 @@ def create_app(config: GatewayConfig) -> FastAPI:
     install_error_handlers(app)
     app.include_router(gateway_routes(ctx))
     app.include_router(gateway_cache_routes(ctx))
+    served = FastPath(ctx, app)
     if config.api_key or config.tenant_keys:
-        app.add_middleware(
-            BearerAuth, api_key=config.api_key, admin_key=config.admin_api_key, tenant_keys=config.tenant_keys
+        # outermost: the fast path and FastAPI's routes see the same tenant (current_tenant)
+        return BearerAuth(
+            served, api_key=config.api_key, admin_key=config.admin_api_key, tenant_keys=config.tenant_keys
         )
-    return app
+    return served
 
 
 def run_gateway(config: GatewayConfig) -> None:

@@ -1,12 +1,10 @@
-"""The gateway's HTTP client to its replicas: one aiohttp session (a pool of keep-alive
-connections) for the gateway's life, answers read whole, and the failures a replica's
-connection can end in."""
+"""The gateway's aiohttp session to its replicas for all but the forwarded generations (polls,
+snapshots, the other routes; those go through connections.py), answers read whole."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,15 +54,3 @@ async def fetch(
         method, url, data=content, headers=headers, allow_redirects=False, timeout=bound
     ) as response:
         return Answer(response.status, await response.read(), response.headers.get("Content-Type"))
-
-
-async def lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The lines of a streamed answer as they arrive, without their line ends (any length:
-    aiohttp's own line reader refuses a line longer than its buffer)."""
-    pending = b""
-    async for chunk in response.content.iter_any():
-        *complete, pending = (pending + chunk).split(b"\n")
-        for line in complete:
-            yield line.rstrip(b"\r")
-    if pending:
-        yield pending.rstrip(b"\r")

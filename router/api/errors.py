@@ -11,7 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
@@ -78,7 +81,9 @@ def parse_json(body: bytes) -> object:
         raise ApiError(400, f"invalid JSON in the request body: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
-    where = lone_surrogate(value)
+    # a lone surrogate comes from a \u escape (a backslash byte in any of JSON's encodings) or
+    # from its code unit's bytes (never ASCII): a body with neither needs no walk
+    where = None if body.isascii() and b"\\" not in body else lone_surrogate(value)
     if where is not None:
         # a path through an object key may hold the surrogate itself: escaped, the message is UTF-8
         where = where.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -114,60 +119,66 @@ async def read_json(request: Request, max_bytes: int) -> object:
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """The request body (not empty), refused with 413 once it passes ``max_bytes``."""
-    declared = request.headers.get("content-length")
+    return await receive_body(request.receive, request.headers, max_bytes)
+
+
+async def receive_body(receive: Receive, headers: Headers, max_bytes: int) -> bytes:
+    """The body of the request whose ``headers`` came with ``receive`` (raw ASGI), as
+    ``read_body``; ClientDisconnect when the client leaves before sending all of it."""
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise ApiError(413, f"request body exceeds the limit of {max_bytes} bytes")
         chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
     if size == 0:
         raise ApiError(400, "the request body is empty; send a JSON object")
     return b"".join(chunks)
+
+
+def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
+    """The error response to an exception raised while serving ``method path``; an unexpected
+    one is logged, its details kept from whoever sent the request."""
+    status, message = 500, "internal error (logged on the server)"
+    if isinstance(exc, ApiError):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, (ValidationError, RequestValidationError)):
+        status, message = 400, describe_validation_error(exc)
+    elif isinstance(exc, RouterUnavailable):
+        status, message = 503, f"the router is unavailable: {exc}"
+    elif isinstance(exc, RouterError):
+        message = f"the router failed: {exc}"
+    elif isinstance(exc, DuplicateRequestId):
+        status, message = 400, str(exc)
+    elif isinstance(exc, StarletteHTTPException):
+        status, message = exc.status_code, str(exc.detail)
+    else:
+        logger.exception("unhandled error on %s %s", method, path, exc_info=exc)
+    return error_response(status, message)
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:
     """Route every exception to a JSON error body; the server keeps serving. ``on_error`` is
     told the status of each (the rejection metrics)."""
 
-    def reply(status: int, message: str) -> JSONResponse:
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        response = failure_response(exc, request.method, request.url.path)
         if on_error is not None:
-            on_error(status)
-        return error_response(status, message)
+            on_error(response.status_code)
+        return response
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return reply(exc.status, exc.message)
-
-    @app.exception_handler(ValidationError)
-    async def _validation(_: Request, exc: ValidationError) -> JSONResponse:
-        return reply(400, describe_validation_error(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _request_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return reply(400, describe_validation_error(exc))
-
-    @app.exception_handler(RouterUnavailable)
-    async def _unavailable(_: Request, exc: RouterUnavailable) -> JSONResponse:
-        return reply(503, f"the router is unavailable: {exc}")
-
-    @app.exception_handler(RouterError)
-    async def _router_error(_: Request, exc: RouterError) -> JSONResponse:
-        return reply(500, f"the router failed: {exc}")
-
-    @app.exception_handler(DuplicateRequestId)
-    async def _duplicate(_: Request, exc: DuplicateRequestId) -> JSONResponse:
-        return reply(400, str(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return reply(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        # the details are for the operator's log, not for whoever sent the request
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return reply(500, "internal error (logged on the server)")
+    # Starlette picks a handler by the exception's class: every class that has a response of
+    # its own, and Exception for the rest
+    answered = (ApiError, ValidationError, RequestValidationError, RouterUnavailable, RouterError, DuplicateRequestId)
+    for kind in (*answered, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, handle)

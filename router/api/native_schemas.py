@@ -85,8 +85,8 @@ def _is_default(value: Any) -> bool:
 def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
     """``data`` without the fields of ``unsupported`` that hold their default; ValueError
     naming the first one that does not."""
-    if not isinstance(data, dict):
-        return data
+    if not isinstance(data, dict) or unsupported.keys().isdisjoint(data):
+        return data  # the common case, found without a pass over ``unsupported``
     for name, why in unsupported.items():
         if not _is_default(data.get(name)):
             raise ValueError(f"{name} is not supported by this server: {why}")
@@ -295,6 +295,10 @@ class GenerateIn(BaseModel):
         salt, extra = _item(self.cache_salt, index) or None, _item(self.extra_key, index) or None
         return salt if extra is None else f"{extra}\x00{salt or ''}"
 
+    def logprob_start(self, index: int) -> int:
+        """Where prompt ``index``'s prompt logprobs start (-1: none asked for)."""
+        return _or_default(_item(self.logprob_start_len, index), -1)
+
     def returns_list(self) -> bool:
         """SGLang answers a batch, or ``n > 1``, with a list."""
         return self.is_batch or any(self.params_for(i).n > 1 for i in range(len(self.prompts())))
@@ -321,7 +325,7 @@ class GenerateIn(BaseModel):
                         stream=self.stream,
                         return_logprob=self.returns_logprob(i),
                         top_logprobs_num=_item(self.top_logprobs_num, i) or 0,
-                        logprob_start_len=_or_default(_item(self.logprob_start_len, i), -1),
+                        logprob_start_len=self.logprob_start(i),
                         return_text_in_logprobs=self.return_text_in_logprobs,
                         cache_salt=self.cache_namespace(i),
                     )

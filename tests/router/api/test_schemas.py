@@ -151,6 +151,7 @@ def test_union_member_names_stay_out_of_the_message() -> None:
         (b'{"text": "hi", "sampling_params": {"stop": ["\\ud83d"]}}', "sampling_params.stop.0"),
         (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages.0.content"),
         (b'{"\\ud800": 1}', "\\ud800"),  # a key: named escaped, so the message is valid UTF-8
+        (b'{"text": "\xed\xa0\x80"}', "text"),  # no escape: the surrogate's own UTF-8 bytes
     ],
 )
 def test_a_lone_surrogate_is_a_400_naming_the_field(body: bytes, where: str) -> None:

@@ -1,0 +1,106 @@
+"""The gateway's generation routes (its raw ASGI fast path) in front of a real replica: answers
+and streams relayed with the replica and the prediction in them, bad requests refused with the
+replica's own errors, keys checked, other methods and paths left to FastAPI, and a client that
+leaves aborting its request on the replica."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from support.api_helpers import GREEDY, get, metric_value, post, sse_events
+from support.servers import ServerHandle, launch_server, wait_replicas
+
+pytestmark = pytest.mark.slow
+
+KEY = "fast-path-key"
+ENDLESS = {**GREEDY, "max_new_tokens": 2000, "ignore_eos": True}
+SHORT = {**GREEDY, "max_new_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[ServerHandle, ServerHandle]]:
+    with launch_server("--kv-events-address", "tcp://127.0.0.1:0", api_key=KEY) as replica:
+        with launch_server(f"--replica={replica.url}", command="gateway", api_key=KEY) as gateway:
+            wait_replicas(gateway, 1)
+            yield replica, gateway
+
+
+def wait_for(what: str, check, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.2)
+
+
+def test_answers_carry_the_replica_and_the_prediction(servers) -> None:
+    replica, gateway = servers
+    native = post(gateway, "/generate", {"text": "The sky is", "sampling_params": SHORT}).json()
+    assert native["meta_info"]["replica"] == replica.url
+    assert isinstance(native["meta_info"]["predicted_cached_tokens"], int)
+    completion = post(gateway, "/v1/completions", {"model": "m", "prompt": "One, two,", "max_tokens": 2}).json()
+    assert completion["usage"]["replica"] == replica.url and "predicted_cached_tokens" in completion["usage"]
+
+
+def test_streams_are_relayed_frame_by_frame(servers) -> None:
+    replica, gateway = servers
+    native = {"text": "Once upon", "sampling_params": SHORT, "stream": True}
+    frames = sse_events(post(gateway, "/generate", native, stream=True))
+    assert frames[-1] == "[DONE]" and all(f["meta_info"]["replica"] == replica.url for f in frames[:-1])
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True}
+    frames = sse_events(post(gateway, "/v1/chat/completions", chat, stream=True))
+    assert frames[-1] == "[DONE]" and not any(f.get("usage") for f in frames[:-1])  # the forced usage dropped
+    asked = {**chat, "stream_options": {"include_usage": True}}
+    usage = sse_events(post(gateway, "/v1/chat/completions", asked, stream=True))[-2]["usage"]
+    assert usage["replica"] == replica.url and "predicted_cached_tokens" in usage
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/generate", b"{not json"),
+        ("/generate", b""),
+        ("/generate", json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": -1}}).encode()),
+        ("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode()),
+        ("/generate", json.dumps({"text": "hi", "cache_salt": "\x00tenant\x00x\x00"}).encode()),
+    ],
+)
+def test_bad_requests_get_the_replicas_own_error(servers, path: str, body: bytes) -> None:
+    answers = [
+        requests.post(s.url + path, data=body, headers={**s.headers(), "Content-Type": "application/json"}, timeout=30)
+        for s in servers
+    ]
+    direct, through = ((a.status_code, a.json()) for a in answers)
+    assert through == direct and direct[0] == 400
+
+
+def test_keys_are_checked_and_other_methods_and_paths_go_to_fastapi(servers) -> None:
+    replica, gateway = servers
+    for key in (None, "wrong"):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        direct, through = (requests.post(s.url + "/generate", json={"text": "hi"}, headers=headers) for s in servers)
+        assert through.status_code == 401 and through.json() == direct.json()
+    assert requests.get(gateway.url + "/generate", headers=gateway.headers()).status_code == 405
+    slash = requests.post(gateway.url + "/generate/", json={}, headers=gateway.headers(), allow_redirects=False)
+    assert slash.status_code == 307 and slash.headers["location"].endswith("/generate")
+    assert requests.post(gateway.url + "/generate/x", json={}, headers=gateway.headers()).status_code == 404
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_aborts_its_request_on_the_replica(servers, stream: bool) -> None:
+    replica, gateway = servers
+    body = {"text": "Count to a thousand:", "sampling_params": ENDLESS, "stream": stream}
+    if stream:  # leaves after the first frame
+        with requests.post(gateway.url + "/generate", json=body, headers=gateway.headers(), stream=True) as resp:
+            next(resp.iter_lines())
+    else:  # gives up waiting for the answer
+        with pytest.raises(requests.Timeout):
+            requests.post(gateway.url + "/generate", json=body, headers=gateway.headers(), timeout=(10, 1))
+    wait_for("the replica stops running it", lambda: metric_value(replica, "radixcluster_num_running_reqs") == 0)
+    wait_for("the gateway ends it", lambda: get(gateway, "/replicas").json()["replicas"][0]["inflight_requests"] == 0)
+    again = post(gateway, "/generate", {"text": "Still there?", "sampling_params": SHORT})
+    assert again.status_code == 200, again.text
