@@ -15,12 +15,12 @@ namespace {
 
 // Per-thread buffers, grown to the largest task seen and then reused: no allocation per step.
 struct Scratch {
-  std::vector<float> q;  // [rows, head_dim]: scaled, or bf16 pairs (bfloat16 dot products)
+  std::vector<float> q;  // [rows, head_dim], scaled
+  std::vector<uint16_t> q_bf16;  // [rows, head_dim], unscaled (bfloat16 dot products)
   std::vector<float> acc;  // [rows, head_dim]
   std::vector<float> state;  // max, sum, limit: [3, rows]
-  std::vector<float> keys;  // K of one key block, transposed: [head_dim, KEY_BLOCK]
-  std::vector<float> staged;  // fp32 V rows of one key block (bf16 caches)
-  std::vector<float> scores;  // [W, KEY_BLOCK]
+  std::vector<float> staged;  // fp32 K then V rows of one key block (bf16 caches)
+  std::vector<float> scores;  // [KEY_BLOCK, W]
   std::vector<int64_t> offsets;  // element offsets of three key blocks (this one, the next two)
 };
 
@@ -47,9 +47,10 @@ void locate_keys(const rc_attention_args& a, int req, int first, int n, int kv_h
   for (int j = 0; j < n; ++j) out[j] = cache_row(a, req, first + j) * row + head;
 }
 
-// Gathers the task's query rows, row-major (token by token, the KV head's query heads inside):
-// scaled fp32, or (pairs) the bf16 rows as they are, two values to a float slot.
-int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head, bool pairs, float* q, float* limit) {
+// Gathers the task's query rows (token by token, the KV head's query heads inside): scaled
+// fp32, or (q_bf16 not null) the bf16 rows as they are.
+int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head, float* q, uint16_t* q_bf16,
+                   float* limit) {
   const int d = a.head_dim, group = a.num_heads / a.num_kv_heads;
   int r = 0;
   for (int si = task.seg_begin; si < task.seg_end; ++si) {
@@ -59,11 +60,13 @@ int gather_queries(const rc_attention_args& a, const rc_task& task, int kv_head,
       const float visible = float(a.prefix_lens[seg.req] + i + 1);
       for (int j = 0; j < group; ++j, ++r) {
         const int64_t at = token * a.q_token_stride + int64_t(kv_head * group + j) * a.q_head_stride;
-        if (pairs) {
-          std::memcpy(q + int64_t(r) * (d / 2), static_cast<const uint16_t*>(a.q) + at, size_t(d) * 2);
+        if (q_bf16 != nullptr) {
+          const uint16_t* src = static_cast<const uint16_t*>(a.q) + at;
+          for (int c = 0; c < d; c += 32)
+            std::memcpy(q_bf16 + int64_t(r / W) * W * d + int64_t(c) * W + (r % W) * 32, src + c, 64);
         } else {
           for (int c = 0; c < d; c += W)
-            Vec::store(q + int64_t(r) * d + c, Vec::mul(load(a.q, at + c, a.dtype), Vec::set1(a.scale)));
+            Vec::store(q + blocked(r, c, d), Vec::mul(load(a.q, at + c, a.dtype), Vec::set1(a.scale)));
         }
         limit[r] = visible;
       }
@@ -84,11 +87,11 @@ void finish_task(const rc_attention_args& a, const rc_task& task, int kv_head, c
         if (task.partial_row < 0) {
           const int64_t at = (token * a.num_heads + kv_head * group + j) * int64_t(d);
           const F total = Vec::set1(sum[r]);
-          for (int c = 0; c < d; c += W) store(a.out, at + c, Vec::div(Vec::load(acc + int64_t(r) * d + c), total), a.dtype);
+          for (int c = 0; c < d; c += W) store(a.out, at + c, Vec::div(Vec::load(acc + blocked(r, c, d)), total), a.dtype);
         } else {
           const int64_t row = (int64_t(task.partial_row + token_index) * a.num_kv_heads + kv_head) * group + j;
           float* part = a.partials + row * (d + 2);
-          for (int c = 0; c < d; c += W) Vec::store(part + c, Vec::load(acc + int64_t(r) * d + c));
+          for (int c = 0; c < d; c += W) Vec::store(part + c, Vec::load(acc + blocked(r, c, d)));
           part[d] = max[r];
           part[d + 1] = sum[r];
         }
@@ -97,56 +100,23 @@ void finish_task(const rc_attention_args& a, const rc_task& task, int kv_head, c
   }
 }
 
-// Keys [0, nk) of a block, transposed into kt [steps][KEY_BLOCK]: row(j) gives key j's W
-// values from step i0 on (fp32, bf16 widened to fp32, or bf16 pairs). Lanes past nk are zero
-// up to the next multiple of W and not written beyond (the softmax masks them).
-template <class Row>
-void transpose_keys(int nk, int steps, float* kt, Row row) {
-  for (int j0 = 0; j0 < nk; j0 += W) {
-    const int n = std::min(W, nk - j0);
-    for (int i0 = 0; i0 < steps; i0 += W) {
-      F t[W];
-#pragma GCC unroll 16
-      for (int i = 0; i < W; ++i) t[i] = i < n ? row(j0 + i, i0) : Vec::zero();
-      Vec::transpose(t);
-#pragma GCC unroll 16
-      for (int i = 0; i < W; ++i) Vec::store(kt + (i0 + i) * KEY_BLOCK + j0, t[i]);
-    }
-  }
-}
-
-void transpose_keys(const rc_attention_args& a, const int64_t* at, int nk, bool pairs, float* kt) {
-  const int d = a.head_dim;
-  if (pairs) {
-    const uint16_t* k = static_cast<const uint16_t*>(a.k_cache);
-    transpose_keys(nk, d / 2, kt, [&](int j, int i0) { return Vec::load_bits(k + at[j] + 2 * i0); });
-  } else if (a.dtype == RC_BFLOAT16) {
-    const uint16_t* k = static_cast<const uint16_t*>(a.k_cache);
-    transpose_keys(nk, d, kt, [&](int j, int i0) { return Vec::load_bf16(k + at[j] + i0); });
-  } else {
-    const float* k = static_cast<const float*>(a.k_cache);
-    transpose_keys(nk, d, kt, [&](int j, int i0) { return Vec::load(k + at[j] + i0); });
-  }
-}
-
 // Keys of the task in blocks, each block's rows located once (the next block's fetched
-// while this one computes) and its K transposed once, then every block of W query rows
-// against them. PAIRS: bf16 K and queries meet in bfloat16 dot products. T is how the tile
-// reads V: the cache itself (float, or bf16 when a single row block would not repay a
+// while this one computes), then every block of W query rows against them. T is what the
+// tile reads: the cache itself (float, or bf16 when a single row block would not repay a
 // conversion), or bf16 rows staged as fp32 once for many row blocks.
-template <bool PAIRS, class T>
-void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, const float* q, float* acc, float* max,
-                 float* sum, const float* limit, int rows) {
+template <class T>
+void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, const float* q, const uint16_t* q_bf16,
+                 float* acc, float* max, float* sum, const float* limit, int rows) {
   const int d = a.head_dim;
-  const int steps = PAIRS ? d / 2 : d;
   Scratch& s = scratch();
   float* scores = grown(s.scores, size_t(KEY_BLOCK) * W);
-  float* kt = grown(s.keys, size_t(KEY_BLOCK) * d);
   int64_t* offsets = grown(s.offsets, size_t(3) * KEY_BLOCK);
   const bool stage = std::is_same_v<T, float> && a.dtype == RC_BFLOAT16;
-  float* staged = stage ? grown(s.staged, size_t(KEY_BLOCK) * d) : nullptr;
+  float* staged = stage ? grown(s.staged, size_t(2) * KEY_BLOCK * d) : nullptr;
+  const T* k_rows[KEY_BLOCK];
   const T* v_rows[KEY_BLOCK];
-  const char* next[2 * KEY_BLOCK];  // the K, then the V rows of the block two ahead
+  const char* next_k[KEY_BLOCK];
+  const char* next_v[KEY_BLOCK];
   const int64_t size = dtype_size(a.dtype);
   const char* k_bytes = static_cast<const char*>(a.k_cache);
   const char* v_bytes = static_cast<const char*>(a.v_cache);
@@ -168,26 +138,33 @@ void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, c
     const int n = block_size(block + AHEAD);
     locate_keys(a, task.key_req, first + AHEAD * KEY_BLOCK, n, kv_head, ahead);
     for (int j = 0; j < n; ++j) {
-      next[j] = k_bytes + ahead[j] * size;
-      next[n + j] = v_bytes + ahead[j] * size;
+      next_k[j] = k_bytes + ahead[j] * size;
+      next_v[j] = v_bytes + ahead[j] * size;
     }
-    transpose_keys(a, here, nk, PAIRS, kt);
     for (int j = 0; j < nk; ++j) {
       if (stage) {
-        float* v = staged + j * d;
-        for (int c = 0; c < d; c += W) Vec::store(v + c, load(a.v_cache, here[j] + c, RC_BFLOAT16));
+        float* k = staged + j * d;
+        float* v = staged + (KEY_BLOCK + j) * d;
+        for (int c = 0; c < d; c += W) {
+          Vec::store(k + c, load(a.k_cache, here[j] + c, RC_BFLOAT16));
+          Vec::store(v + c, load(a.v_cache, here[j] + c, RC_BFLOAT16));
+        }
+        k_rows[j] = reinterpret_cast<const T*>(k);
         v_rows[j] = reinterpret_cast<const T*>(v);
       } else {
+        k_rows[j] = reinterpret_cast<const T*>(k_bytes + here[j] * size);
         v_rows[j] = reinterpret_cast<const T*>(v_bytes + here[j] * size);
       }
     }
-    KeyBlock<T> keys{kt, steps, v_rows, nk, first, d, scores, next, 2 * n, int(d * size)};
+    KeyBlock<T> keys{k_rows, v_rows, nk, first, d, scores, next_k, next_v, n, int(d * size)};
     for (int rb = 0; rb < rows; rb += W) {
       const int nr = std::min(W, rows - rb);
-      // rows that see none of these keys (causal) skip the block
-      if (*std::max_element(limit + rb, limit + rb + nr) <= float(first)) continue;
-      const TileRows tile{q + rb * steps, a.scale, acc + rb * d, max + rb, sum + rb, limit + rb};
-      attend_rows<PAIRS>(nr, tile, keys);
+      const auto [low, high] = std::minmax_element(limit + rb, limit + rb + nr);
+      // rows that see none of these keys (causal) skip the block; rows that see all need no mask
+      if (*high <= float(first)) continue;
+      const bool masked = *low < float(first + nk);
+      const TileRows tile{q + rb * d, q_bf16 == nullptr ? nullptr : q_bf16 + rb * d, a.scale, acc + rb * d, max + rb, sum + rb, limit + rb};
+      attend_rows(nr, masked, tile, keys);
       keys.next_n = 0;  // fetched once, by the first row block
     }
   }
@@ -202,24 +179,20 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
   float* max = grown(s.state, size_t(3) * padded);
   float* sum = max + padded;
   float* limit = sum + padded;
-  // bf16 caches: K meets the queries in bf16 dot products where the CPU has them, else is
-  // widened as it is transposed; V is read in place (widened row by row) when one row block
-  // reads it, and staged as fp32 once for many row blocks
+  // bf16 caches: read in place, by bf16 dot products where the CPU has them, else widened
+  // row by row when one row block reads them; staged as fp32 once for many row blocks
   const bool bf16 = a.dtype == RC_BFLOAT16;
   const bool dot = Vec::BF16_DOT && bf16 && d % 32 == 0;
-  gather_queries(a, task, kv_head, dot, q, limit);
+  uint16_t* q_bf16 = dot ? grown(s.q_bf16, size_t(padded) * d) : nullptr;
+  gather_queries(a, task, kv_head, q, q_bf16, limit);
   std::fill(limit + rows, limit + padded, 0.0f);
   std::fill(max, max + padded, NEG_INF);
   std::fill(sum, sum + padded, 0.0f);
   std::fill(acc, acc + size_t(padded) * d, 0.0f);
-  if (dot && rows <= W)
-    attend_keys<true, uint16_t>(a, task, kv_head, q, acc, max, sum, limit, rows);
-  else if (dot)
-    attend_keys<true, float>(a, task, kv_head, q, acc, max, sum, limit, rows);
-  else if (bf16 && rows <= W)
-    attend_keys<false, uint16_t>(a, task, kv_head, q, acc, max, sum, limit, rows);
+  if (dot || (bf16 && !Vec::BF16_DOT && rows <= W))
+    attend_keys<uint16_t>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows);
   else
-    attend_keys<false, float>(a, task, kv_head, q, acc, max, sum, limit, rows);
+    attend_keys<float>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows);
   finish_task(a, task, kv_head, acc, max, sum);
 }
 

@@ -12,14 +12,12 @@ struct Vec {
   using F = __m256;
   // no bfloat16 dot products here: bf16 rows are widened to fp32 first
   static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, F, F) { return acc; }
-  static constexpr int REGISTERS = 16;
+  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
 
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
-  static F load_bits(const uint16_t* p) { return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static F load_bf16(const uint16_t* p) {
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -63,25 +61,20 @@ struct Vec {
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
   }
-  // rows[i] lane j becomes rows[j] lane i: pairs of rows interleaved, then pairs of pairs,
-  // then 128-bit halves exchanged
-  static void transpose(F* rows) {
-    F t[8];
-    for (int i = 0; i < 8; i += 2) {
-      t[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
-      t[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-      rows[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      rows[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      rows[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      rows[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; ++i) {
-      t[i] = _mm256_permute2f128_ps(rows[i], rows[i + 4], 0x20);
-      t[i + 4] = _mm256_permute2f128_ps(rows[i], rows[i + 4], 0x31);
-    }
-    for (int i = 0; i < 8; ++i) rows[i] = t[i];
+  // lane r = hsum(acc[r]) for r < N, 0 beyond: a transposing tree of horizontal adds
+  template <int N>
+  static F hsum_rows(const F* acc) {
+    F v[8];
+    for (int i = 0; i < 8; ++i) v[i] = i < N ? acc[i] : zero();
+    F t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    F t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    F u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+  static float lane(F a, int i) {
+    alignas(32) float tmp[W];
+    _mm256_store_ps(tmp, a);
+    return tmp[i];
   }
 };
 

@@ -13,22 +13,19 @@ struct Vec {
   using F = __m512;
 #if defined(RC_ISA_AVX512_BF16)
   static constexpr bool BF16_DOT = true;
-  // acc lane i += a[2i] b[2i] + a[2i+1] b[2i+1], a and b each holding 32 bfloat16 values
-  static F dot_bf16(F acc, F a, F b) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_castps_si512(a), (__m512bh)_mm512_castps_si512(b));
+  // acc lane i += a[2i] b[2i] + a[2i+1] b[2i+1], for 32 bfloat16 values of a and b
+  static F dot_bf16(F acc, const uint16_t* a, const uint16_t* b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
   }
 #else
   static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, F, F) { return acc; }
+  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
 #endif
-  static constexpr int REGISTERS = 32;
 
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
-  // 2 W bf16 values as they are, two to a lane
-  static F load_bits(const uint16_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
   static F load_bf16(const uint16_t* p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
@@ -62,29 +59,31 @@ struct Vec {
   }
   static float hsum(F a) { return _mm512_reduce_add_ps(a); }
   static float hmax(F a) { return _mm512_reduce_max_ps(a); }
-  // rows[i] lane j becomes rows[j] lane i: pairs of rows interleaved, then pairs of pairs,
-  // then 128-bit quarters exchanged twice
-  static void transpose(F* rows) {
-    F t[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-      rows[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      rows[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      rows[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      rows[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int h = 0; h < 16; h += 8)
-      for (int i = 0; i < 4; ++i) {
-        t[h + i] = _mm512_shuffle_f32x4(rows[h + i], rows[h + i + 4], 0x88);
-        t[h + i + 4] = _mm512_shuffle_f32x4(rows[h + i], rows[h + i + 4], 0xdd);
-      }
-    for (int i = 0; i < 8; ++i) {
-      rows[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-      rows[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
+  // lane r = hsum(acc[r]) for r < N, 0 beyond. Each stage halves the vectors, pairing
+  // (a, b) so a's partial sums fill one half and b's the other; the last stage leaves
+  // vector k + 4 m in lane 4 k + m, which one permutation puts back in order.
+  template <int N>
+  static F hsum_rows(const F* acc) {
+    F v[16];
+    for (int i = 0; i < 16; ++i) v[i] = i < N ? acc[i] : zero();
+    F h[8], q[4], w[2];
+    for (int i = 0; i < 8; ++i)
+      h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i)
+      w[i] = _mm512_add_ps(_mm512_unpacklo_ps(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_ps(q[2 * i], q[2 * i + 1]));
+    F z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, z);
+  }
+  static float lane(F a, int i) {
+    alignas(64) float tmp[W];
+    _mm512_store_ps(tmp, a);
+    return tmp[i];
   }
 };
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
 namespace rc {
 
@@ -16,9 +15,7 @@ struct Vec {
   };
   // no bfloat16 dot products here: bf16 rows are widened to fp32 first
   static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, F, F) { return acc; }
-  // what the compiler has for the vectors it makes of these lanes
-  static constexpr int REGISTERS = 16;
+  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
 
   static F zero() { return set1(0.0f); }
   static F set1(float x) {
@@ -32,7 +29,6 @@ struct Vec {
     return r;
   }
   static void store(float* p, F a) { std::memcpy(p, a.v, sizeof(a.v)); }
-  static F load_bits(const uint16_t* p) { return load(reinterpret_cast<const float*>(p)); }
   static F load_bf16(const uint16_t* p) {
     F r;
     for (int i = 0; i < W; ++i) {
@@ -100,11 +96,14 @@ struct Vec {
     for (int i = 1; i < W; ++i) m = a.v[i] > m ? a.v[i] : m;
     return m;
   }
-  // rows[i] lane j becomes rows[j] lane i
-  static void transpose(F* rows) {
-    for (int i = 0; i < W; ++i)
-      for (int j = i + 1; j < W; ++j) std::swap(rows[i].v[j], rows[j].v[i]);
+  // lane r = hsum(acc[r]) for r < N, 0 beyond
+  template <int N>
+  static F hsum_rows(const F* acc) {
+    F r = zero();
+    for (int i = 0; i < N; ++i) r.v[i] = hsum(acc[i]);
+    return r;
   }
+  static float lane(F a, int i) { return a.v[i]; }
 
   static uint16_t bf16_bits(float x) {
     uint32_t bits;
