@@ -80,6 +80,18 @@ def test_matches_dense_attention(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [16, 48, 96, 128])
+@pytest.mark.parametrize("name", ["decodes", "shared-extends", "long-prefill-many-tiles"])
+def test_other_head_dims_match_dense_attention(isa: str, name: str, head_dim: int, dtype: torch.dtype) -> None:
+    # the tiles cut head_dim into register pieces of up to four vectors (48: a piece and a
+    # remainder) and into 16 x 16 blocks to transpose; bf16 dot products want a multiple of 32
+    lens, groups = BATCHES[name]
+    c = Case(lens, 1, 9, 3, head_dim=head_dim, dtype=dtype, groups=groups)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(run_native(c).float(), c.expected().float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_instruction_sets_agree(dtype: torch.dtype) -> None:
     results = {}
     for name in torch.ops.radixcluster.supported_isas():
