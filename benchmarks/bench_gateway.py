@@ -1,14 +1,17 @@
 """The latency the gateway adds to a request: one replica with tree events on, a gateway in front
-of it, and the same request sent straight to the replica and through the gateway, alternating
+of it, and each request sent straight to the replica and through the gateway, alternating
 (which goes first alternates too), so both see the same machine.
 
-The request must cost the replica little and always the same, or the model step's noise on a
-busy machine drowns a millisecond: a text prompt (150 words, ~430 tokens, by default) that
-the replica's router refuses for its context length (it was started with --context-length
-16), after it tokenized it. The gateway does all its work on it: reads, validates and
-tokenizes the body, names its blocks, places it, forwards it, relays the answer.
+A request must cost the replica little and always the same, or the model step's noise on a
+busy machine drowns a millisecond: a text prompt (150 words, ~430 tokens, by default; each
+request's its own, so nothing is remembered from the last) that the replica's router refuses
+for its context length (it was started with --context-length 16), after it tokenized it. The
+gateway does all its work on it: reads, validates and tokenizes the body, names its blocks,
+places it, forwards it, relays the answer. With --system-words N the requests are chats
+whose N-word system prompt they all share (the gateway tokenizes it once) and whose user
+message is the request's own prompt.
 
-    .venv/bin/python benchmarks/bench_gateway.py --pairs 300 [--prompt-words 10]
+    .venv/bin/python benchmarks/bench_gateway.py --pairs 300 [--prompt-words 10] [--system-words 150]
 
 Prints the median latency of each path, the median of the per-pair differences, the
 gateway's median time from a request's arrival to its forwarding (its /metrics), and the CPU
@@ -66,22 +69,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--prompt-words", type=int, default=150)
+    parser.add_argument(
+        "--system-words",
+        type=int,
+        default=0,
+        help="send chats instead: a system prompt of this many words that every request shares, "
+        "then the request's own prompt as the user's message",
+    )
     ns = parser.parse_args()
-    prompt = " ".join(f"word{i % 97}" for i in range(ns.prompt_words))
-    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
+    words = " ".join(f"word{i % 97}" for i in range(ns.prompt_words))
+    system = " ".join(f"rule{i % 89}" for i in range(ns.system_words))
+    path = "/v1/chat/completions" if ns.system_words else "/generate"
+
+    def body(i: int) -> dict:
+        """Request i's body: its prompt is its own (nothing may be remembered from the last)."""
+        prompt = f"request {i}: {words}"
+        if not ns.system_words:
+            return {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        return {"model": "default", "messages": chat, "max_tokens": 1}
+
     replica_flags = ("--kv-events-address", "tcp://127.0.0.1:0", "--context-length", str(CONTEXT))
     with launch_server(*replica_flags) as replica, requests.Session() as session:
         with launch_server(f"--replica={replica.url}", command="gateway") as gateway:
             wait_replicas(gateway, 1)
             for url in (replica.url, gateway.url):  # warm both paths and their connections
-                timed(session, f"{url}/generate", body)
+                timed(session, f"{url}{path}", body(-1))
             direct, through = [], []
             pid = gateway.process.pid
             cpu_start, wall_start = cpu_seconds(pid), time.perf_counter()
             for i in range(ns.pairs):
                 order = [(replica.url, direct), (gateway.url, through)]
                 for url, times in order if i % 2 else order[::-1]:
-                    times.append(timed(session, f"{url}/generate", body))
+                    times.append(timed(session, f"{url}{path}", body(i)))
             busy, wall = cpu_seconds(pid) - cpu_start, time.perf_counter() - wall_start
             time.sleep(wall)  # as long again without requests: its health polls and event loop alone
             idle = cpu_seconds(pid) - cpu_start - busy
@@ -89,7 +109,8 @@ def main() -> int:
                 requests.get(f"{gateway.url}/metrics", timeout=30).text, "radixcluster_gateway_routing_seconds"
             )
     diffs = [g - d for g, d in zip(through, direct)]
-    print(f"pairs: {ns.pairs}, prompt: {ns.prompt_words} words, refused by the replica's router after tokenizing")
+    shared = f", after a shared system prompt of {ns.system_words} words" if ns.system_words else ""
+    print(f"pairs: {ns.pairs}, prompt: {ns.prompt_words} words{shared}, refused by the replica after tokenizing")
     print(f"direct to the replica: median {statistics.median(direct) * 1e3:.2f} ms")
     print(f"through the gateway:   median {statistics.median(through) * 1e3:.2f} ms")
     print(f"added by the gateway:  median of per-pair differences {statistics.median(diffs) * 1e3:.2f} ms")

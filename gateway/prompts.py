@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 
 from radixcluster.block_hash import ForgedSalt, tenant_salt
+from radixcluster.gateway.segment_encoder import SegmentEncoder
 from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.native_schemas import GenerateIn
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
-from radixcluster.router.text.prompt_text import encode_prompt
+from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
 NATIVE, COMPLETIONS, CHAT = "native", "completions", "chat"
@@ -65,12 +66,14 @@ class PromptReader:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._encoder = SegmentEncoder(tokenizer)
 
     def _encode(self, text: str | None = None, messages: list[dict[str, Any]] | None = None) -> list[int]:
         try:
-            return encode_prompt(self.tokenizer, text, messages)
+            rendered, add_special = prompt_text(self.tokenizer, text, messages)
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
+        return self._encoder.encode(rendered, add_special)
 
     def read(self, kind: str, body: Any, tenant: str | None = None) -> RoutedRequest:
         """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400) sent

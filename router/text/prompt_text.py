@@ -17,10 +17,3 @@ def prompt_text(tokenizer: Tokenizer, text: str | None, messages: list[dict[str,
     if text is None:
         raise ValueError("one of text or messages is required")
     return text, True
-
-
-def encode_prompt(tokenizer: Tokenizer, text: str | None, messages: list[dict[str, Any]] | None) -> list[int]:
-    """A prompt's token ids as a fresh encode gives them (the router reuses an earlier prompt +
-    answer's ids where its text starts with one: see PromptMemo)."""
-    rendered, add_special = prompt_text(tokenizer, text, messages)
-    return tokenizer.encode(rendered, add_special_tokens=add_special)

@@ -42,9 +42,13 @@ class Tokenizer:
         Encode a rendered chat prompt with ``add_special_tokens=False``: the template
         writes any BOS itself.
         """
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return self.with_bos(self.backend.encode(text, add_special_tokens=False).ids, add_special_tokens)
+
+    def with_bos(self, ids: list[int], add_special_tokens: bool = True) -> list[int]:
+        """``ids`` with BOS first if the model wants it and ``add_special_tokens`` (the
+        backend's ids of a text come without)."""
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
-            ids.insert(0, self.bos_token_id)
+            return [self.bos_token_id, *ids]
         return ids
 
     def decode(
