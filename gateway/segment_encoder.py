@@ -37,7 +37,7 @@ class SegmentEncoder:
         self.tokenizer = tokenizer
         self._capacity = capacity
         self._split = _splitter(tokenizer)
-        self._added = tokenizer.backend.get_vocab(with_added_tokens=True)
+        self._added = {t.content: i for i, t in tokenizer.backend.get_added_tokens_decoder().items()}
         self._stretches: OrderedDict[str, list[int]] = OrderedDict()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -55,10 +55,10 @@ class SegmentEncoder:
 
     def _stretch(self, text: str) -> list[int]:
         if len(text) < MIN_CACHED_CHARS:
-            return self.tokenizer.backend.encode(text, add_special_tokens=False).ids
+            return self.tokenizer.encode(text, add_special_tokens=False)
         ids = self._stretches.get(text)
         if ids is None:
-            ids = self._stretches[text] = self.tokenizer.backend.encode(text, add_special_tokens=False).ids
+            ids = self._stretches[text] = self.tokenizer.encode(text, add_special_tokens=False)
             if len(self._stretches) > self._capacity:
                 self._stretches.popitem(last=False)
         else:
