@@ -5,9 +5,10 @@ of it, and each request sent straight to the replica and through the gateway, al
 A request must cost the replica little and always the same, or the model step's noise on a
 busy machine drowns a millisecond: a text prompt (150 words, ~430 tokens, by default; each
 request's its own, so nothing is remembered from the last) that the replica's router refuses
-for its context length (it was started with --context-length 16), after it tokenized it. The
-gateway does all its work on it: reads, validates and tokenizes the body, names its blocks,
-places it, forwards it, relays the answer. With --system-words N the requests are chats
+for its context length (it was started with --context-length 16) once it has its ids: sent
+straight, it tokenized the text; through the gateway, it took the ids the gateway hands on
+(gateway_tokens), as it does with every request. The gateway does all its work on it: reads,
+validates and tokenizes the body, names its blocks, places it, forwards it, relays the answer. With --system-words N the requests are chats
 whose N-word system prompt they all share (the gateway tokenizes it once) and whose user
 message is the request's own prompt.
 

@@ -77,6 +77,17 @@ class PromptPin:
 
 @message
 @dataclass(slots=True)
+class PromptTokens:
+    """The ids a gateway tokenized a text prompt (a chat rendered first) into, and the fingerprint
+    of the tokenizer it used (``Tokenizer.fingerprint``): the router takes them instead of
+    tokenizing the text again when its own tokenizer has that fingerprint."""
+
+    tokenizer: str
+    ids: np.ndarray
+
+
+@message
+@dataclass(slots=True)
 class GenerateRequest:
     """One generation (the api expands batches and ``n`` into several).
 
@@ -101,6 +112,8 @@ class GenerateRequest:
     # the client's cache_salt, and counts its tokens per tenant
     tenant: str | None = None
     pins: list[PromptPin] = field(default_factory=list)
+    # the text's or the chat's ids as the gateway in front tokenized them, if it did
+    tokens: PromptTokens | None = None
 
 
 @message

@@ -54,6 +54,13 @@ NATIVE = {
     "fan-out": ({"text": ["hi"] * 20_000, "sampling_params": {"n": 64}}, "generations"),
     "deadline of zero": ({"text": "hi", "deadline_s": 0}, "deadline_s"),
     "infinite deadline": ({"text": "hi", "deadline_s": float("inf")}, "deadline_s"),
+    # a gateway's ids of the prompts: whole int32s in base64, one entry per prompt
+    "gateway ids not base64": ({"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": ["*"]}}, "base64"),
+    "gateway ids of 3 bytes": ({"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": ["AQID"]}}, "int32"),
+    "gateway ids for 2 prompts of 1": (
+        {"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": [None, None]}},
+        "2 entries for 1 prompts",
+    ),
     # SGLang's fields: each is bounded too
     "too many stop regexes": (sampling(stop_regex=["x"] * (MAX_STOP_REGEXES + 1)), "stop_regex"),
     "a 200,000-character stop regex": (sampling(stop_regex="x" * 200_000), "stop_regex"),
@@ -103,6 +110,11 @@ OPENAI = {
             "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * MAX_GRAMMAR_CHARS]}}},
         },
         "json_schema",
+    ),
+    "gateway ids for 2 prompts of a chat": (
+        ChatCompletionIn,
+        {"messages": CHAT, "gateway_tokens": {"tokenizer": "f", "prompts": ["AQAAAA==", None]}},
+        "2 entries for 1 prompts",
     ),
 }
 
