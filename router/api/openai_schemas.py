@@ -163,6 +163,13 @@ class ChatMessageIn(BaseModel):
     content: str | list[ContentPart] | None = None
     cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
 
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessageIn:
+        # only an assistant's message may come without content (OpenAI's rule: one that made tool calls)
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
     def marker(self) -> CacheControlIn | None:
         """Its ``cache_control``, or that of its last content part that has one."""
         parts = self.content if isinstance(self.content, list) else []

@@ -79,6 +79,7 @@ OPENAI = {
     "completion seed beyond int64": (CompletionIn, {"prompt": "hi", "seed": 2**64 - 1}, "seed"),
     "completion top_k beyond int32": (CompletionIn, {"prompt": "hi", "top_k": BIG}, "top_k"),
     "completion fan-out": (CompletionIn, {"prompt": ["hi"] * 20_000, "n": 64}, "generations"),
+    "a user message without content": (ChatCompletionIn, {"messages": [{"role": "user"}]}, "needs content"),
     "completion infinite temperature": (CompletionIn, {"prompt": "hi", "temperature": float("inf")}, "temperature"),
     "chat max_tokens beyond int32": (ChatCompletionIn, {"messages": CHAT, "max_tokens": BIG}, "max_new_tokens"),
     "chat stop bomb": (ChatCompletionIn, {"messages": CHAT, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
@@ -127,6 +128,12 @@ def test_native_bounds_name_the_field(body: dict, field: str) -> None:
 @pytest.mark.parametrize("model, body, field", OPENAI.values(), ids=OPENAI.keys())
 def test_openai_bounds_name_the_field(model: type, body: dict, field: str) -> None:
     assert field in refusal(model, body)
+
+
+def test_only_an_assistants_message_may_come_without_content() -> None:
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": ""}]
+    body = ChatCompletionIn.model_validate({"messages": chat})
+    assert [m.as_dict()["content"] for m in body.messages] == ["hi", "", ""]
 
 
 def test_the_limits_themselves_are_accepted() -> None:
