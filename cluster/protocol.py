@@ -26,7 +26,12 @@ _REGISTRY: dict[str, type] = {}
 
 
 class ProtocolError(ValueError):
-    """A frame that is not a message of this protocol version."""
+    """A frame that is not a message of this protocol version. ``fields``: what it held, when it
+    was read that far (its ``rid`` or ``cid`` says whose caller waits for an answer)."""
+
+    def __init__(self, message: str, fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or {}
 
 
 def message(cls: type) -> type:
@@ -399,4 +404,4 @@ def decode(frame: bytes) -> Any:
     try:
         return cls(**fields)
     except TypeError as exc:
-        raise ProtocolError(f"bad fields for {name}: {exc}") from exc
+        raise ProtocolError(f"bad fields for {name}: {exc}", fields if isinstance(fields, dict) else None) from exc
