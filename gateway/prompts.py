@@ -114,11 +114,9 @@ class PromptReader:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return self._encoder.encode(rendered, add_special)
 
-    def read(self, kind: str, body: Any, tenant: str | None = None) -> RoutedRequest:
+    def read(self, kind: str, body: dict[str, Any], tenant: str | None = None) -> RoutedRequest:
         """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400) sent
         with the key of ``tenant``, if any."""
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
         routed = self._read(kind, body)
         try:
             for prompt in routed.prompts:

@@ -94,6 +94,7 @@ def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -
     [
         ("/generate", b"{not json"),
         ("/generate", b""),
+        ("/generate", b"[1, 2]"),
         ("/generate", json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": -1}}).encode()),
         ("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode()),
         ("/generate", json.dumps({"text": "hi", "cache_salt": "\x00tenant\x00x\x00"}).encode()),

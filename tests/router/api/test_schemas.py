@@ -190,6 +190,15 @@ def test_paired_surrogates_and_deep_nesting() -> None:
     assert json.loads(b'{"a": Infinity}')  # JSON's extension the parser allows; the schemas refuse it
 
 
+@pytest.mark.parametrize(
+    "body, kind", [(b"[1, 2]", "an array"), (b'"hi"', "a string"), (b"3.5", "a number"), (b"null", "null")]
+)
+def test_a_body_that_is_not_a_json_object_is_a_400_saying_what_it_is(body: bytes, kind: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_json(body)
+    assert info.value.status == 400 and info.value.message == f"the request body must be a JSON object, not {kind}"
+
+
 def test_cache_control_marks_pin_the_chat_up_to_their_message_or_the_whole_prompt() -> None:
     marked = {"type": "ephemeral"}
     body = ChatCompletionIn.model_validate(
