@@ -5,9 +5,10 @@ of it, and each request sent straight to the replica and through the gateway, al
 A request must cost the replica little and always the same, or the model step's noise on a
 busy machine drowns a millisecond: a text prompt (150 words, ~430 tokens, by default; each
 request's its own, so nothing is remembered from the last) that the replica's router refuses
-for its context length (it was started with --context-length 16), after it tokenized it. The
-gateway does all its work on it: reads, validates and tokenizes the body, names its blocks,
-places it, forwards it, relays the answer. With --system-words N the requests are chats
+for its context length (it was started with --context-length 16, 64 for chats) once it has its ids: sent
+straight, it tokenized the text; through the gateway, it took the ids the gateway hands on
+(gateway_tokens), as it does with every request. The gateway does all its work on it: reads,
+validates and tokenizes the body, names its blocks, places it, forwards it, relays the answer. With --system-words N the requests are chats
 whose N-word system prompt they all share (the gateway tokenizes it once) and whose user
 message is the request's own prompt.
 
@@ -33,7 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.servers import launch_server, wait_replicas  # noqa: E402
 
-CONTEXT = 16
+# Every prompt has more tokens than this, so the router refuses it once it has its ids; a chat's
+# rendered text is longer, and the router refuses a text unread past context x the longest
+# token's characters, so chats get a longer context (still far below their tokens).
+CONTEXT, CHAT_CONTEXT = 16, 64
 
 
 def cpu_seconds(pid: int) -> float:
@@ -89,7 +93,7 @@ def main() -> int:
         chat = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
         return {"model": "default", "messages": chat, "max_tokens": 1}
 
-    replica_flags = ("--kv-events-address", "tcp://127.0.0.1:0", "--context-length", str(CONTEXT))
+    replica_flags = ("--kv-events-address", "tcp://127.0.0.1:0", "--context-length", str(CHAT_CONTEXT if ns.system_words else CONTEXT))
     with launch_server(*replica_flags) as replica, requests.Session() as session:
         with launch_server(f"--replica={replica.url}", command="gateway") as gateway:
             wait_replicas(gateway, 1)

@@ -26,7 +26,12 @@ _REGISTRY: dict[str, type] = {}
 
 
 class ProtocolError(ValueError):
-    """A frame that is not a message of this protocol version."""
+    """A frame that is not a message of this protocol version. ``fields``: what it held, when it
+    was read that far (its ``rid`` or ``cid`` says whose caller waits for an answer)."""
+
+    def __init__(self, message: str, fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or {}
 
 
 def message(cls: type) -> type:
@@ -77,6 +82,17 @@ class PromptPin:
 
 @message
 @dataclass(slots=True)
+class PromptTokens:
+    """The ids a gateway tokenized a text prompt (a chat rendered first) into, and the fingerprint
+    of the tokenizer it used (``Tokenizer.fingerprint``): the router takes them instead of
+    tokenizing the text again when its own tokenizer has that fingerprint."""
+
+    tokenizer: str
+    ids: np.ndarray
+
+
+@message
+@dataclass(slots=True)
 class GenerateRequest:
     """One generation (the api expands batches and ``n`` into several).
 
@@ -101,6 +117,8 @@ class GenerateRequest:
     # the client's cache_salt, and counts its tokens per tenant
     tenant: str | None = None
     pins: list[PromptPin] = field(default_factory=list)
+    # the text's or the chat's ids as the gateway in front tokenized them, if it did
+    tokens: PromptTokens | None = None
 
 
 @message
@@ -386,4 +404,4 @@ def decode(frame: bytes) -> Any:
     try:
         return cls(**fields)
     except TypeError as exc:
-        raise ProtocolError(f"bad fields for {name}: {exc}") from exc
+        raise ProtocolError(f"bad fields for {name}: {exc}", fields if isinstance(fields, dict) else None) from exc

@@ -97,10 +97,12 @@ class Forwarder:
         replicas: ReplicaSet,
         chooser: ReplicaChooser,
         metrics: GatewayMetrics,
+        max_body_bytes: int,
     ) -> None:
         self.replicas = replicas
         self.chooser = chooser
         self.metrics = metrics
+        self.max_body_bytes = max_body_bytes  # the replicas' limit, as the gateway's own
         self.ledger = PredictionLedger(metrics)
 
     async def forward(
@@ -119,6 +121,7 @@ class Forwarder:
         forced_usage = routed.stream and routed.kind != NATIVE and not routed.include_usage
         if forced_usage:  # the usage chunk carries the replica's cached tokens; it is dropped again below
             raw = json.dumps({**routed.body, "stream_options": {"include_usage": True}}).encode()
+        raw = routed.replica_body(raw, self.max_body_bytes)
         tried: set[Replica] = set()
         while True:
             try:

@@ -6,6 +6,7 @@ generation of its prefix would be."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from radixcluster.block_hash import ForgedSalt, tenant_salt
 from radixcluster.gateway.segment_encoder import SegmentEncoder
 from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
+from radixcluster.router.api.gateway_tokens import pack_ids
 from radixcluster.router.api.native_schemas import GenerateIn
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.text.prompt_text import prompt_text
@@ -39,7 +41,9 @@ class Prompt:
 @dataclass(slots=True)
 class RoutedRequest:
     """``prompts`` in the order of the response (a batch's prompts, each ``n`` times);
-    ``usage_stride``: OpenAI's usage counts every ``n``-th of them (a prompt once)."""
+    ``usage_stride``: OpenAI's usage counts every ``n``-th of them (a prompt once);
+    ``gateway_tokens``: the JSON of the field that hands the replica the ids of the body's text
+    prompts (None when it has none)."""
 
     kind: str
     body: dict[str, Any]
@@ -47,10 +51,21 @@ class RoutedRequest:
     stream: bool
     usage_stride: int = 1
     include_usage: bool = False
+    gateway_tokens: bytes | None = None
 
     @property
     def tokens(self) -> int:
         return sum(len(p.ids) for p in self.prompts)
+
+    def replica_body(self, raw: bytes, max_bytes: int) -> bytes:
+        """``raw``, a JSON object, with ``gateway_tokens`` put first, so the replica does not
+        tokenize the texts again (where the client spelled the field too, its own comes later
+        and wins). A body in UTF-16 or 32, or with a byte order mark, goes as it came, and so
+        does one that would grow past ``max_bytes``, the replica's limit."""
+        if self.gateway_tokens is None or raw[:1] != b"{" or raw[1:2] == b"\x00":
+            return raw
+        body = b'{"gateway_tokens":' + self.gateway_tokens + b"," + raw[1:]
+        return body if len(body) <= max_bytes else raw
 
 
 def _prompt(ids: list[int] | np.ndarray, salt: str | None, logprob_start_len: int = -1) -> Prompt:
@@ -68,6 +83,30 @@ class PromptReader:
         self.tokenizer = tokenizer
         self._encoder = SegmentEncoder(tokenizer)
 
+    def _tokenize(self, given: list[str | list[int]]) -> tuple[list[list[int]], list[list[int] | None]]:
+        """Each prompt's ids, and the same with None for a prompt given as ids (a text that
+        repeats in a batch is tokenized once)."""
+        texts: dict[str, list[int]] = {}
+        inputs: list[list[int]] = []
+        tokenized: list[list[int] | None] = []
+        for prompt in given:
+            if isinstance(prompt, str):
+                ids = texts.get(prompt) or texts.setdefault(prompt, self._encode(prompt))
+                tokenized.append(ids)
+            else:
+                ids = prompt
+                tokenized.append(None)
+            inputs.append(ids)
+        return inputs, tokenized
+
+    def _gateway_tokens(self, tokenized: list[list[int] | None]) -> bytes | None:
+        """The ``gateway_tokens`` field of a request whose prompts tokenized as ``tokenized``
+        (None for a prompt given as ids)."""
+        if all(ids is None for ids in tokenized):
+            return None
+        packed = [None if ids is None else pack_ids(np.asarray(ids, dtype=np.int32)) for ids in tokenized]
+        return json.dumps({"tokenizer": self.tokenizer.fingerprint, "prompts": packed}).encode()
+
     def _encode(self, text: str | None = None, messages: list[dict[str, Any]] | None = None) -> list[int]:
         try:
             rendered, add_special = prompt_text(self.tokenizer, text, messages)
@@ -75,11 +114,9 @@ class PromptReader:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return self._encoder.encode(rendered, add_special)
 
-    def read(self, kind: str, body: Any, tenant: str | None = None) -> RoutedRequest:
+    def read(self, kind: str, body: dict[str, Any], tenant: str | None = None) -> RoutedRequest:
         """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400) sent
         with the key of ``tenant``, if any."""
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
         routed = self._read(kind, body)
         try:
             for prompt in routed.prompts:
@@ -95,24 +132,22 @@ class PromptReader:
             return RoutedRequest(kind, body, [_prompt(prefix_ids, prefix.cache_salt)], stream=False)
         if kind == NATIVE:
             native = GenerateIn.model_validate(body)
-            texts: dict[str, list[int]] = {}
+            inputs, tokenized = self._tokenize(native.prompts())
             prompts = []
             # the order of native.expand() (prompt-major, each prompt n times), without the
             # request ids and sampling parameters it makes for the router
-            for i, prompt in enumerate(native.prompts()):
-                if isinstance(prompt, str):
-                    ids = texts.get(prompt) or texts.setdefault(prompt, self._encode(prompt))
-                else:
-                    ids = prompt
+            for i, ids in enumerate(inputs):
                 salt, start = native.cache_namespace(i), native.logprob_start(i)
                 prompts += [_prompt(ids, salt, start) for _ in range(native.params_for(i).n)]
-            return RoutedRequest(kind, body, prompts, native.stream)
+            return RoutedRequest(kind, body, prompts, native.stream, gateway_tokens=self._gateway_tokens(tokenized))
         if kind == COMPLETIONS:
             completion = CompletionIn.model_validate(body)
-            inputs = [p if isinstance(p, list) else self._encode(p) for p in completion.prompts()]
+            inputs, tokenized = self._tokenize(completion.prompts())
             prompts = [_prompt(ids, completion.cache_salt) for ids in inputs for _ in range(completion.n)]
-            return RoutedRequest(kind, body, prompts, completion.stream, completion.n, completion.include_usage)
+            stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
+            return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         chat = ChatCompletionIn.model_validate(body)
         ids = self._encode(messages=[m.as_dict() for m in chat.messages])
         prompts = [_prompt(ids, chat.cache_salt) for _ in range(chat.n)]
-        return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage)
+        field = self._gateway_tokens([ids])
+        return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

@@ -41,7 +41,7 @@ def create_app(config: GatewayConfig) -> ASGIApp:
         config=config,
         replicas=replicas,
         reader=PromptReader(load_tokenizer(config.model_path)),
-        forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics),
+        forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, config.max_body_bytes),
         metrics=metrics,
     )
 

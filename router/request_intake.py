@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from radixcluster.block_hash import ForgedSalt, tenant_salt
-from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin
+from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin, PromptTokens
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
@@ -61,12 +61,16 @@ class RequestIntake:
         self.check_text(text)
         if self._last is not None and self._last[1] == add_special and self._last[0] == text:
             return text, self._last[2]
-        ids = self._encode(text, add_special)
+        ids = self._encode(text, add_special, msg.tokens)
         self._last = (text, add_special, ids)
         return text, ids
 
-    def _encode(self, text: str, add_special: bool) -> np.ndarray:
+    def _encode(self, text: str, add_special: bool, given: PromptTokens | None) -> np.ndarray:
+        """The memo's ids first (the gateway in front has no memo), then the gateway's ids if
+        its tokenizer is this one, else the tokenizer's."""
         known = self.memo.longest_prefix(text)
+        if known is None and given is not None and given.tokenizer == self.tokenizer.fingerprint:
+            return given.ids.astype(np.int64)
         if known is None:
             return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
         known_text, known_ids = known
@@ -119,7 +123,7 @@ class RequestIntake:
         if msg.messages is None or not 1 <= pin.messages <= len(msg.messages):
             raise RequestRejected(f"a pin names {pin.messages} messages of a chat of {len(msg.messages or [])}")
         text = self.tokenizer.apply_chat_template(msg.messages[: pin.messages], add_generation_prompt=False)
-        return self._encode(text, False).astype(np.int32)
+        return self._encode(text, False, None).astype(np.int32)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         total = prompt_len + max_new_tokens

@@ -30,6 +30,7 @@ from radixcluster.protocol import (
     GenerateRequest,
     GroupDown,
     GroupUp,
+    ProtocolError,
     RequestOutput,
     RestartGroup,
     RouterReady,
@@ -127,6 +128,21 @@ class Router:
         self.group = GroupHealth(config.max_worker_restarts)
         self.aborted_total = 0
         self._batch: ScheduledBatch | None = None  # the step in progress
+
+    def submit_frame(self, frame: bytes) -> list[RequestOutput | ControlResponse]:
+        """``submit`` the message in ``frame``; one that cannot be read (an api of another
+        version) is answered with an error when it names its request, whose caller would
+        otherwise wait for ever."""
+        try:
+            msg = decode(frame)
+        except ProtocolError as exc:
+            logger.error("dropping a malformed frame from the api: %s", exc)
+            why = f"the router could not read the request (is the api of the same version?): {exc}"
+            rid, cid = exc.fields.get("rid"), exc.fields.get("cid")
+            if isinstance(rid, str):
+                return [_failed(rid, why, 500)]
+            return [ControlResponse(cid, error=why)] if isinstance(cid, str) else []
+        return self.submit(msg)
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
@@ -412,7 +428,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
                         frame = sockets.requests.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    answers = router.submit(_decode_or_none(frame))
+                    answers = router.submit_frame(frame)
                     sockets.publish(router.tree_events)  # a flush's evictions precede its answer
                     sockets.send(answers)
             if not router.group.up:
@@ -462,11 +478,3 @@ def _lose_group(router: Router, sockets: RouterSockets, control: Connection, gen
         sockets.send(router.abort_all(message, 503), block=False)
         raise SystemExit(1)
     control.send_bytes(encode(RestartGroup(generation, reason)))
-
-
-def _decode_or_none(frame: bytes) -> object:
-    try:
-        return decode(frame)
-    except ValueError as exc:
-        logger.error("dropping a malformed frame from the api: %s", exc)
-        return None

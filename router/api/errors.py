@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -73,14 +74,19 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
     return "; ".join(parts) or "invalid request"
 
 
-def parse_json(body: bytes) -> object:
-    """Decode a request body, as a 400 ApiError when it is not JSON or not valid unicode."""
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """Decode a request body, as a 400 ApiError when it is not a JSON object or not valid unicode."""
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"invalid JSON in the request body: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {_JSON_KINDS.get(type(value), 'null')}")
     # a lone surrogate comes from a \u escape (a backslash byte in any of JSON's encodings) or
     # from its code unit's bytes (never ASCII): a body with neither needs no walk
     where = None if body.isascii() and b"\\" not in body else lone_surrogate(value)
@@ -112,8 +118,8 @@ def lone_surrogate(value: object) -> str | None:
     return None
 
 
-async def read_json(request: Request, max_bytes: int) -> object:
-    """The request body as JSON, refused with 413 once it passes ``max_bytes``."""
+async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request body, a JSON object, refused with 413 once it passes ``max_bytes``."""
     return parse_json(await read_body(request, max_bytes))
 
 

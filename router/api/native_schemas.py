@@ -12,6 +12,7 @@ import regex
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
+from radixcluster.router.api.gateway_tokens import GatewayTokensIn, prompt_tokens
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -236,6 +237,7 @@ class GenerateIn(BaseModel):
     cache_salt: Key | list[Key] | None = None
     extra_key: Key | list[Key] | None = None
     deadline_s: Deadline = None
+    gateway_tokens: GatewayTokensIn | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +255,8 @@ class GenerateIn(BaseModel):
             if len(prompt) == 0:
                 where = f"prompt {i}" if self.is_batch else "the prompt"
                 raise ValueError(f"{where} is empty")
+        if self.gateway_tokens is not None:
+            self.gateway_tokens.check_count(len(prompts))
         if isinstance(self.sampling_params, list):
             if not self.is_batch:
                 raise ValueError("sampling_params may be a list only for a batch of prompts")
@@ -328,6 +332,7 @@ class GenerateIn(BaseModel):
                         logprob_start_len=self.logprob_start(i),
                         return_text_in_logprobs=self.return_text_in_logprobs,
                         cache_salt=self.cache_namespace(i),
+                        tokens=prompt_tokens(self.gateway_tokens, i),
                     )
                 )
         return requests

@@ -18,6 +18,7 @@ from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.gateway_tokens import prompt_tokens
 from radixcluster.router.api.generation import (
     Generation,
     collect,
@@ -97,6 +98,7 @@ def _requests(
             top_logprobs_num=top_logprobs,
             cache_salt=body.cache_salt,
             pins=body.pins(),
+            tokens=prompt_tokens(body.gateway_tokens, k // body.n),
             **inputs[k // body.n],
         )
         for k, rid in enumerate(rids)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixcluster.protocol import PromptPin
 from radixcluster.router.api.cache_control_field import CacheControlIn
+from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
     Deadline,
@@ -79,6 +80,7 @@ class OpenAIRequest(BaseModel):
     cache_salt: Key | None = None
     deadline_s: Deadline = None
     cache_control: CacheControlIn | None = None  # pin the whole prompt
+    gateway_tokens: GatewayTokensIn | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +134,8 @@ class CompletionIn(OpenAIRequest):
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompt must not be empty")
         check_generations(len(prompts), len(prompts) * self.n)
+        if self.gateway_tokens is not None:
+            self.gateway_tokens.check_count(len(prompts))
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -158,6 +162,13 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessageIn:
+        # only an assistant's message may come without content (OpenAI's rule: one that made tool calls)
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def marker(self) -> CacheControlIn | None:
         """Its ``cache_control``, or that of its last content part that has one."""
@@ -207,6 +218,12 @@ class ChatCompletionIn(OpenAIRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatCompletionIn:
+        if self.gateway_tokens is not None:
+            self.gateway_tokens.check_count(1)
+        return self
 
     def sampling(self) -> SamplingParamsIn:
         limit = next(

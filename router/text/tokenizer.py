@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ class Tokenizer:
     template_tokens: dict[str, str | None]
     special_ids: frozenset[int]
     added_ids: frozenset[int]
+    # names what turns a text or a chat into ids: two tokenizers with one fingerprint give the
+    # same ids, so a gateway's ids can stand in for a replica's own
+    fingerprint: str
 
     @property
     def vocab_size(self) -> int:
@@ -127,6 +131,8 @@ def _assemble(
     template_tokens: dict[str, str | None],
 ) -> Tokenizer:
     added = backend.get_added_tokens_decoder()
+    what = [backend.to_str(), chat_template, bos_token_id, add_bos_token, template_tokens]
+    fingerprint = hashlib.blake2b(json.dumps(what, sort_keys=True).encode(), digest_size=12).hexdigest()
     return Tokenizer(
         backend=backend,
         path=path,
@@ -137,6 +143,7 @@ def _assemble(
         template_tokens=template_tokens,
         special_ids=frozenset(i for i, token in added.items() if token.special),
         added_ids=frozenset(added),
+        fingerprint=fingerprint,
     )
 
 

@@ -41,6 +41,10 @@ SAMPLES = [
     p.GenerateRequest(rid="b", sampling=p.SamplingParams(), messages=[{"role": "user", "content": "hi"}], stream=True),
     p.GenerateRequest(rid="c", sampling=p.SamplingParams(), text="hi", pins=[p.PromptPin(60.0), p.PromptPin(5.0, 1)]),
     p.PromptPin(300.0, 2),
+    p.GenerateRequest(
+        rid="d", sampling=p.SamplingParams(), text="hi", tokens=p.PromptTokens("f0", np.array([7, 8], np.int32))
+    ),
+    p.PromptTokens("f1", np.array([1, 2, 3], np.int32)),
     p.AbortRequest(rid="a"),
     p.RequestOutput(
         rid="a",

@@ -20,7 +20,7 @@ def sampling(**params) -> dict:
 
 
 NATIVE_CASES = {
-    "not an object": ([1, 2, 3], "valid dictionary"),
+    "not an object": ([1, 2, 3], "must be a JSON object, not an array"),
     "text of the wrong type": ({"text": 123}, "text"),
     "neither text nor input_ids": ({"sampling_params": {"max_new_tokens": 2}}, "text"),
     "both text and input_ids": ({"text": TEXT, "input_ids": [1, 2]}, "exactly one"),

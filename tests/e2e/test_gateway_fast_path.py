@@ -9,9 +9,12 @@ import json
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import requests
 
+from radixcluster.router.api.gateway_tokens import pack_ids
+from radixcluster.router.text.tokenizer import load_tokenizer
 from support.api_helpers import GREEDY, get, metric_value, post, sse_events
 from support.servers import ServerHandle, launch_server, wait_replicas
 
@@ -59,11 +62,39 @@ def test_streams_are_relayed_frame_by_frame(servers) -> None:
     assert usage["replica"] == replica.url and "predicted_cached_tokens" in usage
 
 
+def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -> None:
+    replica, gateway = servers
+    tokenizer = load_tokenizer(model_path)
+    # handed ids of another text with its tokenizer's fingerprint, a replica serves those ids
+    ids = tokenizer.encode("The capital of France is")
+    handed = {"tokenizer": tokenizer.fingerprint, "prompts": [pack_ids(np.array(ids))]}
+    served = post(replica, "/generate", {"text": "Hi", "sampling_params": SHORT, "gateway_tokens": handed}).json()
+    plain = post(replica, "/generate", {"input_ids": ids, "sampling_params": SHORT}).json()
+    assert served["text"] == plain["text"] and served["meta_info"]["prompt_tokens"] == len(ids)
+    # through the gateway every kind of request is answered as the replica answers it alone
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    for path, body in [
+        ("/generate", {"text": ["The sky is", "Two plus two is"], "sampling_params": SHORT}),
+        ("/v1/completions", {"model": "m", "prompt": ["One, two,", "A, B,"], "max_tokens": 2, "temperature": 0}),
+        ("/v1/chat/completions", {"model": "m", "messages": chat, "max_tokens": 3, "temperature": 0}),
+    ]:
+        direct, through = (post(s, path, body).json() for s in (replica, gateway))
+        if path == "/generate":
+            assert [a["text"] for a in through] == [a["text"] for a in direct]
+            assert [a["meta_info"]["prompt_tokens"] for a in through] == [
+                a["meta_info"]["prompt_tokens"] for a in direct
+            ]
+        else:
+            assert through["choices"] == direct["choices"]
+            assert through["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
         ("/generate", b"{not json"),
         ("/generate", b""),
+        ("/generate", b"[1, 2]"),
         ("/generate", json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": -1}}).encode()),
         ("/v1/chat/completions", json.dumps({"model": "m", "messages": []}).encode()),
         ("/generate", json.dumps({"text": "hi", "cache_salt": "\x00tenant\x00x\x00"}).encode()),

@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+import msgpack
 import numpy as np
 import pytest
 import torch
@@ -342,6 +343,23 @@ def test_values_beyond_what_the_arrays_hold_are_refused_and_the_router_serves_on
     (out,) = router.submit(msg)
     assert out.status == 400 and out.finished and words in out.error
     assert_serves(router, runner)
+
+
+def from_the_future(msg: object) -> bytes:
+    """``msg``'s frame with a field this version does not know (an api of a later version)."""
+    version, name, fields = msgpack.unpackb(encode(msg))
+    return msgpack.packb([version, name, {**fields, "from_the_future": 1}])
+
+
+def test_a_frame_the_router_cannot_read_is_answered_when_it_names_its_caller(router):
+    """Its caller gets an error instead of waiting for ever."""
+    unread, read = request("hi"), request("hi")
+    (out,) = router.submit_frame(from_the_future(unread))
+    assert out.rid == unread.rid and out.status == 500 and "from_the_future" in out.error
+    (answer,) = router.submit_frame(from_the_future(ControlRequest(cid="c1", kind="stats")))
+    assert answer.cid == "c1" and "could not read" in answer.error
+    assert router.submit_frame(b"garbage") == []
+    assert router.submit_frame(encode(read)) == [] and read.rid in router.streams
 
 
 def test_a_request_larger_than_the_kv_pool_is_refused(config):

@@ -54,6 +54,13 @@ NATIVE = {
     "fan-out": ({"text": ["hi"] * 20_000, "sampling_params": {"n": 64}}, "generations"),
     "deadline of zero": ({"text": "hi", "deadline_s": 0}, "deadline_s"),
     "infinite deadline": ({"text": "hi", "deadline_s": float("inf")}, "deadline_s"),
+    # a gateway's ids of the prompts: whole int32s in base64, one entry per prompt
+    "gateway ids not base64": ({"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": ["*"]}}, "base64"),
+    "gateway ids of 3 bytes": ({"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": ["AQID"]}}, "int32"),
+    "gateway ids for 2 prompts of 1": (
+        {"text": "hi", "gateway_tokens": {"tokenizer": "f", "prompts": [None, None]}},
+        "2 entries for 1 prompts",
+    ),
     # SGLang's fields: each is bounded too
     "too many stop regexes": (sampling(stop_regex=["x"] * (MAX_STOP_REGEXES + 1)), "stop_regex"),
     "a 200,000-character stop regex": (sampling(stop_regex="x" * 200_000), "stop_regex"),
@@ -72,6 +79,7 @@ OPENAI = {
     "completion seed beyond int64": (CompletionIn, {"prompt": "hi", "seed": 2**64 - 1}, "seed"),
     "completion top_k beyond int32": (CompletionIn, {"prompt": "hi", "top_k": BIG}, "top_k"),
     "completion fan-out": (CompletionIn, {"prompt": ["hi"] * 20_000, "n": 64}, "generations"),
+    "a user message without content": (ChatCompletionIn, {"messages": [{"role": "user"}]}, "needs content"),
     "completion infinite temperature": (CompletionIn, {"prompt": "hi", "temperature": float("inf")}, "temperature"),
     "chat max_tokens beyond int32": (ChatCompletionIn, {"messages": CHAT, "max_tokens": BIG}, "max_new_tokens"),
     "chat stop bomb": (ChatCompletionIn, {"messages": CHAT, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
@@ -104,6 +112,11 @@ OPENAI = {
         },
         "json_schema",
     ),
+    "gateway ids for 2 prompts of a chat": (
+        ChatCompletionIn,
+        {"messages": CHAT, "gateway_tokens": {"tokenizer": "f", "prompts": ["AQAAAA==", None]}},
+        "2 entries for 1 prompts",
+    ),
 }
 
 
@@ -115,6 +128,12 @@ def test_native_bounds_name_the_field(body: dict, field: str) -> None:
 @pytest.mark.parametrize("model, body, field", OPENAI.values(), ids=OPENAI.keys())
 def test_openai_bounds_name_the_field(model: type, body: dict, field: str) -> None:
     assert field in refusal(model, body)
+
+
+def test_only_an_assistants_message_may_come_without_content() -> None:
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": ""}]
+    body = ChatCompletionIn.model_validate({"messages": chat})
+    assert [m.as_dict()["content"] for m in body.messages] == ["hi", "", ""]
 
 
 def test_the_limits_themselves_are_accepted() -> None:
@@ -169,6 +188,15 @@ def test_paired_surrogates_and_deep_nesting() -> None:
         parse_json(b"[" * 100_000 + b"]" * 100_000)
     assert info.value.status == 400 and "nested" in info.value.message
     assert json.loads(b'{"a": Infinity}')  # JSON's extension the parser allows; the schemas refuse it
+
+
+@pytest.mark.parametrize(
+    "body, kind", [(b"[1, 2]", "an array"), (b'"hi"', "a string"), (b"3.5", "a number"), (b"null", "null")]
+)
+def test_a_body_that_is_not_a_json_object_is_a_400_saying_what_it_is(body: bytes, kind: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_json(body)
+    assert info.value.status == 400 and info.value.message == f"the request body must be a JSON object, not {kind}"
 
 
 def test_cache_control_marks_pin_the_chat_up_to_their_message_or_the_whole_prompt() -> None:
