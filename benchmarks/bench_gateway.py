@@ -93,7 +93,12 @@ def main() -> int:
         chat = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
         return {"model": "default", "messages": chat, "max_tokens": 1}
 
-    replica_flags = ("--kv-events-address", "tcp://127.0.0.1:0", "--context-length", str(CHAT_CONTEXT if ns.system_words else CONTEXT))
+    replica_flags = (
+        "--kv-events-address",
+        "tcp://127.0.0.1:0",
+        "--context-length",
+        str(CHAT_CONTEXT if ns.system_words else CONTEXT),
+    )
     with launch_server(*replica_flags) as replica, requests.Session() as session:
         with launch_server(f"--replica={replica.url}", command="gateway") as gateway:
             wait_replicas(gateway, 1)
