@@ -1,5 +1,6 @@
 """Continuous batching: each step is a prefill batch (new requests, chunked under a token
-budget, ordered by policy) or a decode batch of every running request; never both mixed.
+budget, ordered by policy) that every running request joins with its next token (a mixed
+step: the weights are read once for both), or a decode batch of every running request.
 
 Step loop of the router process::
 
@@ -159,6 +160,7 @@ class Scheduler:
         if not self.waiting and not self.prefilling:
             return None
         decoding = self.running
+        riders = self._give_decode_pages()
         adm = PrefillAdmission(
             self.cache,
             self.policy,
@@ -193,7 +195,7 @@ class Scheduler:
         for entry in adm.entries:
             self._start_prefill(entry.req, entry.prefix_len, entry.first_admission)
         self.prefilling = [e.req for e in adm.entries]
-        return self._build(adm.entries)
+        return self._build(adm.entries, riders)
 
     def _quota(self, tenant: str | None) -> TenantQuota:
         return self.config.tenant_quotas.get(tenant, NO_QUOTA) if tenant is not None else NO_QUOTA
@@ -214,34 +216,47 @@ class Scheduler:
             req.cached_tokens = prefix_len
             self.counters.count_admission(req.prompt_len, prefix_len, req.tenant)
 
-    def _build(self, entries: list[PrefillEntry]) -> ScheduledBatch:
+    def _build(self, entries: list[PrefillEntry], riders: list[Request]) -> ScheduledBatch:
+        """The prefill entries, then the running requests riding along with their next token."""
         self._step_id += 1
-        reqs = [e.req for e in entries]
-        forward = build_prefill(self._step_id, reqs, [e.prefix_len for e in entries], [e.extend_len for e in entries])
+        reqs = [e.req for e in entries] + riders
+        prefix_lens = [e.prefix_len for e in entries] + [r.num_computed for r in riders]
+        extend_lens = [e.extend_len for e in entries] + [1] * len(riders)
+        if riders:
+            self._decay_reserve()
+        forward = build_prefill(self._step_id, reqs, prefix_lens, extend_lens)
         return ScheduledBatch(forward, reqs, is_prefill=True)
 
-    def _schedule_decode(self) -> ScheduledBatch | None:
+    def _give_decode_pages(self) -> list[Request]:
+        """Every running request gets the page its next token goes to (before admission takes
+        any); returns them, ready to step. None when the pool cannot hold those tokens: then a
+        prefill runs without them, and a decode step retracts."""
         ps = self.config.page_size
-        while self.running:
-            need = sum(1 for r in self.running if len(r.pages) * ps <= r.num_computed)
-            if self.cache.make_room(need):
-                break
-            self._retract_youngest()
-        if not self.running:
-            return None
-        reqs = self.running
+        need = sum(1 for r in self.running if len(r.pages) * ps <= r.num_computed)
+        if not self.running or not self.cache.make_room(need):
+            return []
         fresh = iter(self.allocator.alloc(need).tolist())
-        ids, pos = [], []
-        for r in reqs:
-            n = r.num_computed
-            if len(r.pages) * ps <= n:
+        for r in self.running:
+            if len(r.pages) * ps <= r.num_computed:
                 r.pages.append(next(fresh))
-            ids.append(r.output_ids[-1])
-            pos.append(n)
+        return list(self.running)
+
+    def _decay_reserve(self) -> None:
         self.reserve_ratio = max(MIN_RESERVE_RATIO, self.reserve_ratio - RESERVE_DECAY_PER_STEP)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        reqs = self._give_decode_pages()
+        while self.running and not reqs:
+            self._retract_youngest()
+            reqs = self._give_decode_pages()
+        if not reqs:
+            return None
+        ids = [r.output_ids[-1] for r in reqs]
+        pos = [r.num_computed for r in reqs]
+        self._decay_reserve()
         self._step_id += 1
         forward = build_forward(self._step_id, reqs, pos, [1] * len(reqs), ids, pos)
-        return ScheduledBatch(forward, list(reqs), is_prefill=False)
+        return ScheduledBatch(forward, reqs, is_prefill=False)
 
     def _retract_youngest(self) -> None:
         """Give a running request's private pages back; its tokens go to the queue front."""
@@ -317,15 +332,14 @@ class Scheduler:
             raise ValueError(f"result of step {result.step_id} for batch {fwd.step_id}")
         extend_lens = fwd.extend_lens.tolist()
         tokens = result.next_token_ids.tolist()
-        if batch.is_prefill:
-            record_input_logprobs(batch, result)
+        record_input_logprobs(batch, result)
         touched: list[Request] = []
         became_running: list[Request] = []
         for i, req in enumerate(batch.requests):
             if req.finished:
                 continue
             req.num_computed += extend_lens[i]
-            if batch.is_prefill:
+            if req.state is ReqState.PREFILLING:
                 self.cache.publish(req)
                 self._trim_to_cache_quota(req.tenant)
                 if req.num_computed < req.fill_len:

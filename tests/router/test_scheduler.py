@@ -319,6 +319,42 @@ def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
     assert sb.penalty_lens.tolist() == [0, 1] and sb.penalty_ids.tolist() == pen.output_ids
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_a_prefill_step_carries_the_next_token_of_every_running_request(page_size: int) -> None:
+    s, ex = make(page_size=page_size, chunk=16)
+    early = [req(f"early{i}", rand(6 + i, 70 + i), max_new=12) for i in range(2)]
+    for r in early:
+        s.add_request(r)
+    step(s, ex)
+    assert step(s, ex).forward.extend_lens.tolist() == [1, 1]  # nothing waits: a decode step
+    late = Request(
+        "late",
+        rand(40, 80),
+        SamplingParams(max_new_tokens=5, ignore_eos=True),
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    s.add_request(late)
+    scored = 0
+    for chunk in (16, 16, 8):  # the late prompt in three chunks, the early requests decoding in each
+        before = [len(r.output_ids) for r in early]
+        batch = s.schedule()
+        fwd = batch.forward
+        assert fwd.extend_lens.tolist() == [chunk, 1, 1] and fwd.logprob_starts.tolist() == [0, -1, -1]
+        assert fwd.input_ids[chunk:].tolist() == [r.output_ids[-1] for r in early]
+        assert fwd.positions[chunk:].tolist() == [r.prompt_len + n - 1 for r, n in zip(early, before)]
+        result = ex(fwd)
+        result.input_logprobs = np.arange(scored, scored + chunk - 1, dtype=np.float32)  # the late request's only
+        scored += chunk
+        s.process_result(batch, result)
+        s.check_integrity()
+        assert [len(r.output_ids) for r in early] == [n + 1 for n in before]
+    assert len(late.output_ids) == 1
+    assert late.input_logprobs == [*range(15), None, *range(16, 31), None, *range(32, 39)]
+    run(s, ex)
+    check_outputs([*early, late])
+
+
 def test_prompt_logprobs_limit_the_match_and_are_collected() -> None:
     s, ex = make()
     prompt = rand(30, 18)
