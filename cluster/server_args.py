@@ -22,7 +22,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 API_KEY_ENV = "RADIXCLUSTER_API_KEY"
 ADMIN_API_KEY_ENV = "RADIXCLUSTER_ADMIN_API_KEY"
 # Flags users bring from SGLang that name what is already the default here.
-DEFAULT_NAMING_FLAGS = ("--enable-radix-cache", "--enable-prefix-caching")
+DEFAULT_NAMING_FLAGS = {
+    "--enable-radix-cache": "the radix cache is on by default",
+    "--enable-prefix-caching": "the radix cache is on by default",
+    "--enable-mixed-chunk": "running requests always join prefill steps",
+}
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
 MEANINGLESS_FLAGS = {
     "--disable-flashinfer": "there is no FlashInfer backend here",
@@ -242,8 +246,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=d.max_worker_restarts,
         help="TP group losses in a row (no step completed in between) repaired by a new group; one more stops the replica",
     )
-    for flag in DEFAULT_NAMING_FLAGS:
-        parser.add_argument(flag, action="store_true", help="accepted: the radix cache is on by default")
+    for flag, why in DEFAULT_NAMING_FLAGS.items():
+        parser.add_argument(flag, action="store_true", help=f"accepted: {why}")
     for flag, why in MEANINGLESS_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=f"accepted and ignored: {why}")
     for flag, why in MEANINGLESS_VALUE_FLAGS.items():

@@ -40,10 +40,11 @@ def test_the_seeds_production_flags_are_accepted(caplog):
     assert len(notices) == 1 and "--disable-flashinfer" in notices[0]
 
 
-def test_prefix_caching_alias_and_dynamic_fraction_are_accepted(caplog):
+def test_prefix_caching_alias_mixed_chunk_and_dynamic_fraction_are_accepted(caplog):
     with caplog.at_level(logging.WARNING):
-        args = parse("--enable-prefix-caching", "--mem-fraction-dynamic", "0.1")
+        args = parse("--enable-prefix-caching", "--enable-mixed-chunk", "--mem-fraction-dynamic", "0.1")
     assert not args.disable_radix_cache
+    assert not any("--enable-mixed-chunk" in r.getMessage() for r in caplog.records)
     assert any("--mem-fraction-dynamic" in r.getMessage() for r in caplog.records)
 
 
