@@ -1,6 +1,7 @@
-"""The elementwise steps of a decoder layer as one set: RMSNorm (with or without the residual
-add), rotary embedding followed by the K/V store, and SiLU·mul. ``torch_layer_ops`` is the
-reference composition; ``native_ops.NATIVE_LAYER_OPS`` fuses each step into one kernel."""
+"""The steps of a decoder layer besides attention as one set: the elementwise ones (RMSNorm with
+or without the residual add, rotary embedding followed by the K/V store, SiLU·mul) and a
+linear layer's one-row product. ``torch_layer_ops`` is the reference composition (F.linear
+does its products); ``native_ops.NATIVE_LAYER_OPS`` fuses each step into one kernel."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from radixcluster.kernels.norm import add_rms_norm, rms_norm
 from radixcluster.kernels.rotary import apply_rotary
 
 StoreKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+# out [1, n] = x [1, k] @ weight [n, k]^T
+Matvec = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 RopeAndStore = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor
 ]
@@ -27,12 +30,15 @@ class LayerOps:
     ``rope_and_store(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads)``
     takes the fused projection output ``[T, (heads + 2 kv_heads) * head_dim]``, writes the
     rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
-    ``[T, heads, head_dim]`` (possibly a view of ``qkv``)."""
+    ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
+
+    ``matvec``: what linear layers use for a single row instead of ``F.linear`` (None: F.linear)."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_and_store: RopeAndStore
+    matvec: Matvec | None = None
 
 
 def torch_layer_ops(store_kv: StoreKV) -> LayerOps:

@@ -24,7 +24,7 @@ from torch.utils import cpp_extension
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
 LIBRARY = "libradixcluster_kernels.so"
-KERNEL_SOURCES = ("attention.cpp", "elementwise.cpp", "isa_table.cpp")
+KERNEL_SOURCES = ("attention.cpp", "elementwise.cpp", "matvec.cpp", "isa_table.cpp")
 BINDING_SOURCES = ("ops.cpp", "plan.cpp")
 COMMON_FLAGS = (
     "-O3",

@@ -1,5 +1,6 @@
-"""The native kernels' K/V store and fused layer steps (``torch.ops.radixcluster``; load them
-with ``native.load()`` first). Each matches its torch reference in ``layer_ops``/``attention``."""
+"""The native kernels' K/V store, fused layer steps and one-row linear product
+(``torch.ops.radixcluster``; load them with ``native.load()`` first). Each matches its torch
+reference in ``layer_ops``/``attention``."""
 
 from __future__ import annotations
 
@@ -50,4 +51,12 @@ def _rope_and_store(
     return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
 
 
-NATIVE_LAYER_OPS = LayerOps(_rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store)
+def native_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` for one row ``x`` ``[1, k]``; summed in another order, so fp32
+    results differ in the last bits."""
+    out = x.new_empty(1, weight.shape[0])
+    torch.ops.radixcluster.matvec(x.contiguous(), weight, out)
+    return out
+
+
+NATIVE_LAYER_OPS = LayerOps(_rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store, native_matvec)

@@ -17,7 +17,7 @@ from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
 from radixcluster.worker.kv_pool import KVPool
 from radixcluster.worker.llama import LlamaForCausalLM
-from radixcluster.worker.packed_linear import prepack_linears
+from radixcluster.worker.packed_linear import prepare_linears
 from radixcluster.worker.parallel import TPGroup
 from radixcluster.worker.sampler import sample
 from radixcluster.worker.weights import iter_weights
@@ -31,7 +31,7 @@ class RunnerConfig:
     ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``attention_backend`` is
     ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
     ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
-    the linear weights on CPU (packed_linear.py)."""
+    the linear weights on CPU, and the native backend brings its one-row product (packed_linear.py)."""
 
     model_path: Path
     tp_rank: int = 0
@@ -76,8 +76,8 @@ class ModelRunner:
             self.model.load_weights(
                 weights if weights is not None else iter_weights(config.model_path, self.model_config)
             )
-        if config.prepack_weights and self.device.type == "cpu":
-            prepack_linears(self.model)
+        if self.device.type == "cpu":
+            prepare_linears(self.model, config.prepack_weights, self.attention.layer_ops.matvec)
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
             num_pages=config.num_pages,

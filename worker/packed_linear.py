@@ -1,18 +1,23 @@
-"""Linear layers' weights prepacked once into oneDNN's blocked layout, for the small batches of
-decode, where MKL's ``F.linear`` spends much of each call repacking the weight.
+"""What linear layers compute with besides ``F.linear``: oneDNN's prepacked copy of a weight,
+for the small batches of decode, where MKL's ``F.linear`` spends much of each call repacking
+the weight; and the native one-row product (``kernels/csrc/matvec.cpp``), for a step of one
+request, where MKL's gemv reads the weight at about half the memory bandwidth.
 
 Measured with ``benchmarks/bench_linear.py`` (docs/BENCHMARKS.md, "Linear layers"); oneDNN's
-float32 results are not bitwise MKL's (the greedy outputs of the reference prompts still equal
-transformers'); ``--disable-weight-prepack`` turns prepacking off.
+and the matvec's float32 results are not bitwise MKL's (the greedy outputs of the reference
+prompts still equal transformers'); ``--disable-weight-prepack`` turns prepacking off.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from radixcluster.kernels.layer_ops import Matvec
 
 logger = logging.getLogger(__name__)
 
@@ -42,26 +47,42 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class FastLinear:
+    """A layer's faster paths: ``packed`` (oneDNN) serves PACKED_MIN_ROWS to PACKED_MAX_ROWS
+    rows, ``matvec`` one row."""
+
+    packed: torch.Tensor | None = None
+    matvec: Matvec | None = None
+
+
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, fast: FastLinear | None, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``x @ weight.T + bias``: through ``packed`` when there is one and ``x`` (``[M, in]``)
-    has PACKED_MIN_ROWS to PACKED_MAX_ROWS rows, else ``F.linear``."""
-    if packed is not None and PACKED_MIN_ROWS <= x.shape[0] <= PACKED_MAX_ROWS:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+    """``x @ weight.T + bias`` (``x``: ``[M, in]``): through ``fast`` where it serves M rows,
+    else ``F.linear``."""
+    if fast is not None:
+        rows = x.shape[0]
+        if rows == 1 and fast.matvec is not None:
+            out = fast.matvec(x, weight)
+            return out if bias is None else out.add_(bias)
+        if fast.packed is not None and PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), fast.packed, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
-def prepack_linears(model: nn.Module) -> int:
-    """Give every layer with a ``packed`` slot and at least PACK_MIN_PARAMS weights its packed
-    weight (tp_layers.py); returns the bytes they take (0 where oneDNN cannot run the model's
-    dtype here)."""
+def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> int:
+    """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
+    and it has at least PACK_MIN_PARAMS weights, and ``matvec``. Returns the bytes the packed
+    copies take (0 where oneDNN cannot run the model's dtype here)."""
     total = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if hasattr(module, "packed") and isinstance(weight, torch.Tensor) and weight.numel() >= PACK_MIN_PARAMS:
-            packed = pack_weight(weight)
-            setattr(module, "packed", packed)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
-            if packed is not None:
-                total += weight.numel() * weight.element_size()
+        if not hasattr(module, "fast") or not isinstance(weight, torch.Tensor):
+            continue
+        packed = pack_weight(weight) if prepack and weight.numel() >= PACK_MIN_PARAMS else None
+        if packed is not None:
+            total += weight.numel() * weight.element_size()
+        fast = FastLinear(packed, matvec) if packed is not None or matvec is not None else None
+        setattr(module, "fast", fast)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
     return total

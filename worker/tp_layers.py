@@ -1,8 +1,8 @@
 """Tensor-parallel layers; each parameter carries the ``weight_loader`` that cuts its shard.
 
 Loaders receive the full (unsharded) checkpoint tensor, narrow it to this rank's part and
-copy it in, casting to the parameter's dtype. Layers that multiply by a weight hold a
-``packed`` copy of it once ``prepack_linears`` ran (worker/packed_linear.py), None before.
+copy it in, casting to the parameter's dtype. Layers that multiply by a weight hold their
+``fast`` paths once ``prepare_linears`` ran (worker/packed_linear.py), None before.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixcluster.worker.packed_linear import linear
+from radixcluster.worker.packed_linear import FastLinear, linear
 from radixcluster.worker.parallel import TPGroup, split_evenly
 
 
@@ -38,7 +38,7 @@ class MergedColumnParallelLinear(nn.Module):
         self.local_sizes = [split_evenly(n, tp.size, "a column-parallel output") for n in out_features]
         self.weight = _param(sum(self.local_sizes), in_features, loader=self.weight_loader)
         self.bias = _param(sum(self.local_sizes), loader=self.weight_loader) if bias else None
-        self.packed: torch.Tensor | None = None
+        self.fast: FastLinear | None = None
 
     def shard_start(self, shard: int) -> int:
         """First row of this rank's piece of matrix ``shard`` in the full checkpoint tensor."""
@@ -50,7 +50,7 @@ class MergedColumnParallelLinear(nn.Module):
         param.data[offset : offset + size].copy_(loaded.narrow(0, self.shard_start(shard), size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.packed, self.bias)
+        return linear(x, self.weight, self.fast, self.bias)
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
@@ -85,13 +85,13 @@ class RowParallelLinear(nn.Module):
         self.tp = tp
         self.local_in = split_evenly(in_features, tp.size, "a row-parallel input")
         self.weight = _param(out_features, self.local_in, loader=self.weight_loader)
-        self.packed: torch.Tensor | None = None
+        self.fast: FastLinear | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
         param.data.copy_(loaded.narrow(1, self.tp.rank * self.local_in, self.local_in))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(linear(x, self.weight, self.packed))
+        return self.tp.all_reduce(linear(x, self.weight, self.fast))
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -129,8 +129,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(vocab_size, hidden, tp)
         if tied_to is not None:
             self.weight = tied_to.weight
-        self.packed: torch.Tensor | None = None
+        self.fast: FastLinear | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]  # rank 0 only
-        logits = self.tp.gather_last_dim(linear(hidden, self.weight, self.packed))
+        logits = self.tp.gather_last_dim(linear(hidden, self.weight, self.fast))
         return None if logits is None else logits[:, : self.vocab_size]

@@ -52,9 +52,6 @@ inline void prefetch_row(const char* row, int bytes) {
   for (int line = 0; line < bytes; line += 64) __builtin_prefetch(row + line, 0, 2);
 }
 
-inline F load_row(const float* p) { return Vec::load(p); }
-inline F load_row(const uint16_t* p) { return Vec::load_bf16(p); }
-
 // MASKED: some row does not see every key of the block (causal), so scores are masked.
 template <int NR, bool MASKED, class T>
 inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {

@@ -120,6 +120,16 @@ struct rc_act_args {
   rc_dtype dtype;
 };
 
+// out [n] = weight [n, k] (row-major) times x [k]: a linear layer's one-row product.
+struct rc_matvec_args {
+  const void* x;
+  const void* weight;
+  void* out;
+  int64_t n;
+  int64_t k;
+  rc_dtype dtype;
+};
+
 struct rc_kernel_table {
   const char* isa;
   void (*paged_attention)(const rc_attention_args*);
@@ -127,6 +137,7 @@ struct rc_kernel_table {
   void (*rope_store_kv)(const rc_rope_args*);
   void (*rms_norm)(const rc_norm_args*);
   void (*silu_and_mul)(const rc_act_args*);
+  void (*matvec)(const rc_matvec_args*);
 };
 
 }  // extern "C"

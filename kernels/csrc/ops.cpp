@@ -299,6 +299,19 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
   kernels().silu_and_mul(&args);
 }
 
+void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
+  const rc_dtype dtype = dtype_of(x, "x");
+  check_same(x, weight, "weight");
+  check_same(x, out, "out");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
+  TORCH_CHECK(x.is_contiguous() && x.numel() == weight.size(1), "x must be one contiguous row of ", weight.size(1),
+              " values");
+  TORCH_CHECK(out.is_contiguous() && out.numel() == weight.size(0), "out must be contiguous and hold ", weight.size(0),
+              " values");
+  rc_matvec_args args{x.data_ptr(), weight.data_ptr(), out.data_ptr(), weight.size(0), weight.size(1), dtype};
+  kernels().matvec(&args);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixcluster, m) {
@@ -320,6 +333,7 @@ TORCH_LIBRARY(radixcluster, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  m.def("matvec(Tensor x, Tensor weight, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixcluster, CPU, m) {
@@ -330,4 +344,5 @@ TORCH_LIBRARY_IMPL(radixcluster, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("matvec", &matvec);
 }

@@ -71,6 +71,12 @@ inline void store(void* base, int64_t i, F x, rc_dtype dtype) {
     Vec::store(static_cast<float*>(base) + i, x);
 }
 
+// W elements of a row whose element type is known at compile time (fp32, or bf16 as uint16_t)
+inline F load_row(const float* p) { return Vec::load(p); }
+inline F load_row(const uint16_t* p) { return Vec::load_bf16(p); }
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bf16_to_float(x); }
+
 inline float load1(const void* base, int64_t i, rc_dtype dtype) {
   if (dtype == RC_BFLOAT16) return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
   return static_cast<const float*>(base)[i];

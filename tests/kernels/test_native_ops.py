@@ -1,6 +1,7 @@
 """The native fused layer steps against the torch reference (layer_ops.torch_layer_ops) on every
-instruction set this CPU runs: rotary + K/V store bit for bit, the K/V store exactly, RMSNorm
-and SiLU·mul to the last bits (their sums and exponentials are ordered differently)."""
+instruction set this CPU runs: rotary + K/V store bit for bit, the K/V store exactly, RMSNorm,
+SiLU·mul and the one-row linear product to the last bits (their sums and exponentials are
+ordered differently)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixcluster.kernels import native
 from radixcluster.kernels.attention import store_kv
@@ -103,7 +105,23 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
     assert all(torch.equal(a, b) for a, b in zip(ours, ref))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("n", "k"), [(1, 576), (3, 37), (97, 64), (1536, 576), (576, 1536)])
+def test_matvec_is_f_linear_of_one_row(ops, dtype, n, k) -> None:
+    # rows not a multiple of the four streamed together, columns not one of the vector width
+    x, weight = randn(1, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
+    out = ops.matvec(x, weight)
+    assert out.shape == (1, n) and out.dtype == dtype
+    # fp32 sums of k products: compared at the error such sums may differ by
+    close = CLOSE[dtype] if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5 * k**0.5}
+    torch.testing.assert_close(out, F.linear(x.float(), weight.float()).to(dtype), **close)
+
+
 def test_bad_shapes_say_what_is_wrong(ops) -> None:
+    with pytest.raises(RuntimeError, match="x must be one contiguous row of 8 values"):
+        ops.matvec(torch.zeros(1, 7), torch.zeros(4, 8))
+    with pytest.raises(RuntimeError, match="weight must have the activations' dtype"):
+        ops.matvec(torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="weight must be \\[hidden\\]"):
         ops.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-5)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):

@@ -1,6 +1,6 @@
-"""Prepacked linear weights: the packed path computes F.linear's result at every row count it
-serves, refuses cleanly where oneDNN cannot run the dtype, and covers every linear layer and the
-LM head of SmolLM2, tied to the embedding or not."""
+"""Linear layers' faster paths: the packed path computes F.linear's result at every row count it
+serves and refuses cleanly where oneDNN cannot run the dtype; the native matvec serves one row;
+both cover every linear layer and the LM head of SmolLM2, tied to the embedding or not."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixcluster.kernels import native
 from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import packed_weight_bytes
 from radixcluster.worker.llama import LlamaForCausalLM
@@ -18,9 +19,10 @@ from radixcluster.worker.packed_linear import (
     PACK_MIN_PARAMS,
     PACKED_MAX_ROWS,
     PACKED_MIN_ROWS,
+    FastLinear,
     linear,
     pack_weight,
-    prepack_linears,
+    prepare_linears,
 )
 from radixcluster.worker.parallel import TPGroup
 from radixcluster.worker.tp_layers import RowParallelLinear
@@ -37,7 +39,8 @@ def test_packed_float32_linear_equals_f_linear(rows, with_bias):
     x = torch.randn(rows, 80, generator=generator)
     packed = pack_weight(weight)
     assert packed is not None  # oneDNN runs float32 on every x86-64 CPU torch supports
-    torch.testing.assert_close(linear(x, weight, packed, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    got = linear(x, weight, FastLinear(packed), bias)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_packs_only_where_onednn_runs_it():
@@ -45,7 +48,7 @@ def test_bf16_packs_only_where_onednn_runs_it():
     packed = pack_weight(weight)
     assert (packed is not None) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
     x = torch.randn(8, 32).to(torch.bfloat16)
-    torch.testing.assert_close(linear(x, weight, packed), F.linear(x, weight))
+    torch.testing.assert_close(linear(x, weight, FastLinear(packed)), F.linear(x, weight))
 
 
 def test_an_unpacked_layer_is_f_linear_at_every_row_count():
@@ -53,12 +56,26 @@ def test_an_unpacked_layer_is_f_linear_at_every_row_count():
     assert torch.equal(linear(x, weight, None), F.linear(x, weight))
 
 
+def test_one_row_goes_through_the_matvec_and_more_rows_do_not():
+    native.load()
+    from radixcluster.kernels.native_ops import native_matvec
+
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(96, 80, generator=generator), torch.randn(96, generator=generator)
+    fast = FastLinear(pack_weight(weight), native_matvec)
+    row, rows = torch.randn(1, 80, generator=generator), torch.randn(PACKED_MIN_ROWS, 80, generator=generator)
+    assert torch.equal(linear(row, weight, fast), native_matvec(row, weight))
+    assert torch.equal(linear(row, weight, fast, bias), native_matvec(row, weight) + bias)
+    torch.testing.assert_close(linear(row, weight, fast, bias), F.linear(row, weight, bias), rtol=1e-5, atol=1e-5)
+    assert torch.equal(linear(rows, weight, fast), linear(rows, weight, FastLinear(fast.packed)))
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     config = replace(load_model_config(model_path), tie_word_embeddings=tied)
     model = LlamaForCausalLM(config, TPGroup())
-    packed_bytes = prepack_linears(model)
-    packed = {name for name, module in model.named_modules() if getattr(module, "packed", None) is not None}
+    packed_bytes = prepare_linears(model, prepack=True, matvec=None)
+    packed = {name for name, module in model.named_modules() if getattr(module, "fast", None) is not None}
     layer = "model.layers.0."
     # SmolLM2: qkv 960 x 576, gate_up 3072 x 576, down 576 x 1536 and the LM head are large enough;
     # o_proj (576 x 576) stays on F.linear
@@ -71,6 +88,18 @@ def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
 
 
+def test_with_a_matvec_every_linear_layer_gets_it_packed_or_not(model_path):
+    config = load_model_config(model_path)
+    model = LlamaForCausalLM(config, TPGroup())
+    native.load()
+    from radixcluster.kernels.native_ops import native_matvec
+
+    assert prepare_linears(model, prepack=False, matvec=native_matvec) == 0
+    fast = {name: module.fast for name, module in model.named_modules() if hasattr(module, "fast")}
+    assert len(fast) == 4 * config.num_layers + 1
+    assert all(f is not None and f.matvec is native_matvec and f.packed is None for f in fast.values())
+
+
 def test_small_weights_stay_unpacked():
     small = nn.Sequential(RowParallelLinear(PACK_MIN_PARAMS // 64 - 1, 64, TPGroup()))
-    assert prepack_linears(small) == 0 and small[0].packed is None
+    assert prepare_linears(small, prepack=True, matvec=None) == 0 and small[0].fast is None
