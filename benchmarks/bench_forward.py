@@ -1,10 +1,12 @@
 """Forward-pass speed on the embedded SmolLM2-135M, the attention backends side by side.
 
-Run: .venv/bin/python benchmarks/bench_forward.py [--sections split kernels transformers] [--repeats 5] [--threads N]
+Run: .venv/bin/python benchmarks/bench_forward.py [--sections split one kernels transformers] [--repeats 5] [--threads N]
 
 - split: one decode step of the shared-prefix workload (32 requests, 8 groups x 4 sharing 620
   tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
   median wall time and its attention / linear / other split (torch.profiler).
+- one: one request's decode step (context 740) on the native backend, its linear layers' one
+  row through F.linear (MKL's gemv) or through the native matvec, fp32 and bf16.
 - kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
   shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
 - transformers: our runner (torch attention, page size 16) against transformers' forward.
@@ -37,6 +39,7 @@ from radixcluster.model_config import load_model_config  # noqa: E402
 from radixcluster.model_path import embedded_model_path  # noqa: E402
 from radixcluster.protocol import ForwardBatch  # noqa: E402
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: E402
+from radixcluster.worker.packed_linear import prepare_linears  # noqa: E402
 from radixcluster.worker.weights import iter_weights  # noqa: E402
 from support.paged_batches import Extend, PageBook, greedy_sampling  # noqa: E402
 
@@ -144,6 +147,29 @@ def run_split(w: Workload, repeats: int) -> None:
                     f"| {label} | {b} | {times[b] * 1e3:.1f} | {attention:.0%} | {linear:.0%} "
                     f"| {1 - attention - linear:.0%} | {speedup:.2f}x |"
                 )
+
+
+# ---------------------------------------------------------------- one request's decode step
+
+
+def run_one(repeats: int) -> None:
+    w = Workload(groups=1, per_group=1, shared=700)
+    print(f"\n## one request's decode step, context {w.context}, native backend: one-row linear products")
+    print("| dtype | F.linear (gemv) ms | native matvec ms | speed-up | max abs diff of the logits |")
+    print("|---|---|---|---|---|")
+    path = embedded_model_path()
+    weights = list(iter_weights(path, load_model_config(path)))
+    for label, dtype in DTYPES.items():
+        runners = {name: decode_runner("native", dtype, w, weights) for name in ("gemv", "matvec")}
+        prepare_linears(runners["gemv"].model, prepack=True, matvec=None)
+        batch = decode_batch(w, runners["gemv"].model_config.vocab_size)
+        with torch.inference_mode():
+            times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)
+            diff = (runners["gemv"].forward(batch) - runners["matvec"].forward(batch)).abs().max().item()
+        print(
+            f"| {label} | {times['gemv'] * 1e3:.1f} | {times['matvec'] * 1e3:.1f} "
+            f"| {times['gemv'] / times['matvec']:.2f}x | {diff:.1e} |"
+        )
 
 
 # ---------------------------------------------------------------- the kernel microbench
@@ -287,7 +313,10 @@ def _decode_rates(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sections", nargs="+", choices=["split", "kernels", "transformers"], default=["split", "kernels"]
+        "--sections",
+        nargs="+",
+        choices=["split", "one", "kernels", "transformers"],
+        default=["split", "one", "kernels"],
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -298,6 +327,8 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}; medians of {args.repeats} alternating runs")
     if "split" in args.sections:
         run_split(w, args.repeats)
+    if "one" in args.sections:
+        run_one(args.repeats)
     if "kernels" in args.sections:
         run_kernels(w, args.repeats)
     if "transformers" in args.sections:
