@@ -38,7 +38,10 @@ class RayWorkers:
 def quiet_ray_env() -> None:
     """No usage stats, no log deduplication, no idle workers started ahead (our actors need their
     own environment, so none would be used) and no Ray metrics (we export our own): on a 2-core
-    host every process counts."""
+    host every process counts. The rank actors compute at the normal priority: Ray starts its
+    workers at nice 15, where beside any other busy process they would get a sliver of the CPU
+    (read by the raylet, so it holds for the private instance)."""
+    os.environ.setdefault("RAY_worker_niceness", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_enable_worker_prestart", "0")

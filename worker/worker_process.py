@@ -67,6 +67,14 @@ class TPWorker:
         ranks call it concurrently."""
         cfg = self.config
         self.faults.at_load()
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
+        if niceness > 0:
+            logger.warning(
+                "rank %d computes at nice %d, as its Ray cluster starts workers (start it with "
+                "RAY_worker_niceness=0 so that other busy processes do not take its CPU)",
+                cfg.runner.tp_rank,
+                niceness,
+            )
         torch.set_num_threads(cfg.num_threads)
         rank, size = cfg.runner.tp_rank, cfg.runner.tp_size
         rendezvous, self._rendezvous = self._rendezvous, None

@@ -1,9 +1,11 @@
 """A served replica's CPUs: the TP worker's OpenMP threads bound one per core of its rank's set,
-and no idle Ray worker processes beside it."""
+computing at the normal priority (not Ray's nice 15), and no idle Ray worker processes beside it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import os
 
 import pytest
 
@@ -40,6 +42,15 @@ def test_the_worker_binds_one_thread_to_each_core_of_its_rank(server):
     workers = [pid for pid in descendants(server.process.pid) if _cmdline(pid).startswith("ray::TPWorker")]
     assert len(workers) == 1
     assert _single_cpu_threads(workers[0]) == set(expected[0])
+
+
+def test_the_worker_computes_at_the_normal_priority(server):
+    generate(server, "Count to five:", max_new_tokens=4)
+    workers = [pid for pid in descendants(server.process.pid) if _cmdline(pid).startswith("ray::TPWorker")]
+    assert workers
+    for pid in workers:
+        threads = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+        assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {0}
 
 
 def test_ray_starts_no_idle_workers(server):
