@@ -3,9 +3,8 @@ computing at the normal priority (not Ray's nice 15), and no idle Ray worker pro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import pytest
 
