@@ -7,30 +7,13 @@ from typing import Any
 
 import numpy as np
 
+from radixcluster.cache_info_fields import RATE_FIELDS, SUMMED_FIELDS, cache_rates
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.radix_tree import check
 from radixcluster.router.request import Request
 
-CACHE_INFO_KEYS = (
-    "total_requests",
-    "cache_hits",
-    "hit_rate",
-    "token_hit_rate",
-    "shared_prefix_length_avg",
-    "prompt_tokens_total",
-    "cached_tokens_total",
-    "evicted_tokens_total",
-    "tree_nodes",
-    "cached_tokens",
-    "evictable_tokens",
-    "protected_tokens",
-    "pinned_tokens",
-    "free_pages",
-    "num_pages",
-    "token_usage",
-    "page_size",
-    "tenants",
-)
+# what /cache_info shows of the stats (beside the pins)
+CACHE_INFO_KEYS = (*SUMMED_FIELDS, *RATE_FIELDS, "free_pages", "num_pages", "token_usage", "page_size", "tenants")
 
 
 @dataclass(slots=True)
@@ -65,10 +48,7 @@ class SchedulerStats:
         return {
             "total_requests": self.total_requests,
             "cache_hits": self.cache_hits,
-            # the seeds read hit_rate as requests that reused a prefix over all requests
-            "hit_rate": self.cache_hits / self.total_requests if self.total_requests else 0.0,
-            "token_hit_rate": self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0,
-            "shared_prefix_length_avg": self.cached_tokens_total / self.cache_hits if self.cache_hits else 0.0,
+            **cache_rates(self.total_requests, self.cache_hits, self.prompt_tokens_total, self.cached_tokens_total),
             "prompt_tokens_total": self.prompt_tokens_total,
             "cached_tokens_total": self.cached_tokens_total,
             "evicted_tokens_total": tree.evicted_tokens_total,

@@ -16,6 +16,7 @@ VOCABULARY = (
     "radixcluster.model_config",
     "radixcluster.model_path",
     "radixcluster.block_hash",
+    "radixcluster.cache_info_fields",
 )
 
 

@@ -1,0 +1,31 @@
+"""The fields of /cache_info that a replica reports and a gateway sums over replicas: the
+counters that add up, and the rates derived from them (one formula for both)."""
+
+from __future__ import annotations
+
+# counters and sizes that add up over replicas
+SUMMED_FIELDS = (
+    "total_requests",
+    "cache_hits",
+    "prompt_tokens_total",
+    "cached_tokens_total",
+    "evicted_tokens_total",
+    "tree_nodes",
+    "cached_tokens",
+    "evictable_tokens",
+    "protected_tokens",
+    "pinned_tokens",
+)
+RATE_FIELDS = ("hit_rate", "token_hit_rate", "shared_prefix_length_avg")
+
+
+def cache_rates(
+    total_requests: int, cache_hits: int, prompt_tokens_total: int, cached_tokens_total: int
+) -> dict[str, float]:
+    """The RATE_FIELDS; each 0.0 before its denominator counts anything."""
+    return {
+        # the seeds read hit_rate as requests that reused a prefix over all requests
+        "hit_rate": cache_hits / total_requests if total_requests else 0.0,
+        "token_hit_rate": cached_tokens_total / prompt_tokens_total if prompt_tokens_total else 0.0,
+        "shared_prefix_length_avg": cached_tokens_total / cache_hits if cache_hits else 0.0,
+    }
