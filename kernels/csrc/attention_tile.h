@@ -52,6 +52,27 @@ inline void prefetch_row(const char* row, int bytes) {
   for (int line = 0; line < bytes; line += 64) __builtin_prefetch(row + line, 0, 2);
 }
 
+// acc[r] = alpha[r] * acc[r] + sum over the block's keys j of p[j][r] * V[j], for CG chunks of
+// W dimensions from c on.
+template <int NR, int CG, class T>
+inline void weigh_values(const TileRows& rows, const KeyBlock<T>& keys, const float* alpha, int c) {
+  F o[CG][NR];
+  float* ac = rows.acc + c * W;
+  for (int g = 0; g < CG; ++g)
+    for (int r = 0; r < NR; ++r) o[g][r] = Vec::mul(Vec::load(ac + (g * W + r) * W), Vec::set1(alpha[r]));
+  const float* pw = keys.scratch;
+  for (int j = 0; j < keys.nk; ++j) {
+    F weight[NR];
+    for (int r = 0; r < NR; ++r) weight[r] = Vec::set1(pw[j * W + r]);
+    for (int g = 0; g < CG; ++g) {
+      const F vc = load_row(keys.v[j] + c + g * W);
+      for (int r = 0; r < NR; ++r) o[g][r] = Vec::fma(weight[r], vc, o[g][r]);
+    }
+  }
+  for (int g = 0; g < CG; ++g)
+    for (int r = 0; r < NR; ++r) Vec::store(ac + (g * W + r) * W, o[g][r]);
+}
+
 // MASKED: some row does not see every key of the block (causal), so scores are masked.
 template <int NR, bool MASKED, class T>
 inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
@@ -100,17 +121,12 @@ inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
   Vec::store(rows.sum, Vec::fma(Vec::load(rows.sum), alpha, block_sum));
   float a[W];
   Vec::store(a, alpha);
-  const float* pw = keys.scratch;
-  for (int c = 0; c < d; c += W) {
-    F o[NR];
-    float* ac = rows.acc + c * W;
-    for (int r = 0; r < NR; ++r) o[r] = Vec::mul(Vec::load(ac + r * W), Vec::set1(a[r]));
-    for (int j = 0; j < keys.nk; ++j) {
-      F vc = load_row(keys.v[j] + c);
-      for (int r = 0; r < NR; ++r) o[r] = Vec::fma(Vec::set1(pw[j * W + r]), vc, o[r]);
-    }
-    for (int r = 0; r < NR; ++r) Vec::store(ac + r * W, o[r]);
-  }
+  // P V in groups of CG head_dim chunks: CG * NR independent sums, enough to hide the FMA's
+  // latency (one chunk at a time left NR chains of nk dependent FMAs)
+  constexpr int CG = NR <= 3 ? 4 : NR <= 6 ? 2 : 1;
+  int c = 0;
+  for (; c + CG * W <= d; c += CG * W) weigh_values<NR, CG>(rows, keys, a, c);
+  for (; c < d; c += W) weigh_values<NR, 1>(rows, keys, a, c);
 }
 
 // attend_tile for a run-time row count 1..W
