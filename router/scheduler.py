@@ -229,7 +229,7 @@ class Scheduler:
 
     def _give_decode_pages(self) -> list[Request]:
         """Every running request gets the page its next token goes to (before admission takes
-        any); returns them, ready to step. None when the pool cannot hold those tokens: then a
+        any); returns them, ready to step. Empty when the pool cannot hold those tokens: then a
         prefill runs without them, and a decode step retracts."""
         ps = self.config.page_size
         need = sum(1 for r in self.running if len(r.pages) * ps <= r.num_computed)
