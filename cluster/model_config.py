@@ -7,11 +7,12 @@ lives here and imports neither torch nor model code.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from radixcluster.gguf_file import GGUFFile, read_gguf
 from radixcluster.model_path import ModelPathError
 
 # Hugging Face architecture names and GGUF ``general.architecture`` values we run.
@@ -107,27 +108,18 @@ def _from_hf_dir(path: Path) -> ModelConfig:
     )
 
 
-@lru_cache(maxsize=4)
-def open_gguf(path: Path):
-    """A ``gguf.GGUFReader`` (memory-mapped), or a ModelPathError naming the file. One per file
-    and process: parsing the metadata takes seconds (the vocabulary is ~100k small fields), and
-    the config and the tokenizer both read it."""
-    from gguf import GGUFReader
-
+def open_gguf(path: Path) -> GGUFFile:
+    """The GGUF file's metadata and tensor table (read once per file and process), or a
+    ModelPathError naming the file."""
     try:
-        return GGUFReader(path)
-    except Exception as exc:  # the gguf package raises bare ValueError/IndexError/struct.error on bad files
+        return read_gguf(path)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise ModelPathError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
 
 
 def _from_gguf(path: Path) -> ModelConfig:
-    reader = open_gguf(path)
-    big_arrays = ("tokens", "merges", "token_type", "scores")
-    meta = {
-        key: fld.contents()
-        for key, fld in reader.fields.items()
-        if not (key.startswith("tokenizer.ggml.") and key.rsplit(".", 1)[-1] in big_arrays)
-    }
+    gguf = open_gguf(path)
+    meta = gguf.metadata
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ModelPathError(
@@ -144,7 +136,7 @@ def _from_gguf(path: Path) -> ModelConfig:
     num_heads = int(get("attention.head_count"))
     vocab = meta.get(f"{arch}.vocab_size")
     if vocab is None:
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+        vocab = len(meta["tokenizer.ggml.tokens"]) if "tokenizer.ggml.tokens" in meta else get("vocab_size")
     scaling_type = meta.get(f"{arch}.rope.scaling.type")
     rope_scaling = None
     if scaling_type not in (None, "none"):
@@ -162,7 +154,7 @@ def _from_gguf(path: Path) -> ModelConfig:
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling,
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in gguf.tensors),
         qkv_bias=arch == "qwen2",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_eos_list(meta.get("tokenizer.ggml.eos_token_id")),

@@ -17,6 +17,7 @@ VOCABULARY = (
     "radixcluster.model_path",
     "radixcluster.block_hash",
     "radixcluster.cache_info_fields",
+    "radixcluster.gguf_file",
 )
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf.gguf_reader import ReaderTensor
+from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from radixcluster.gguf_file import GGUFFile, GGUFTensor
 from radixcluster.model_config import ModelConfig, open_gguf
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,13 @@ def gguf_loaders(path: Path, config: ModelConfig) -> dict[str, Callable[[], torc
     """A reader for every tensor of the GGUF at ``path`` we use, by Hugging Face name, in
     file order. The file is memory-mapped; nothing is dequantized until a reader is called."""
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
-    for tensor in open_gguf(path).tensors:
+    gguf = open_gguf(path)
+    for tensor in gguf.tensors:
         name = hf_name(tensor.name)
         if name is None:
             logger.debug("%s: skipping GGUF tensor %s", path, tensor.name)
             continue
-        loaders[name] = functools.partial(_load, tensor, _permuted_heads(tensor.name, config))
+        loaders[name] = functools.partial(_load, gguf, tensor, _permuted_heads(tensor.name, config))
     return loaders
 
 
@@ -71,9 +73,9 @@ def _permuted_heads(gguf_name: str, config: ModelConfig) -> int | None:
     return None
 
 
-def _load(tensor: ReaderTensor, permuted_heads: int | None) -> torch.Tensor:
+def _load(gguf: GGUFFile, tensor: GGUFTensor, permuted_heads: int | None) -> torch.Tensor:
     # dequantize already returns rows first ([out, in]), the reverse of GGUF's reported shape.
-    weights = dequantize(tensor.data, tensor.tensor_type)
+    weights = dequantize(gguf.tensor_data(tensor), GGMLQuantizationType(tensor.ggml_type))
     if permuted_heads is not None:
         weights = _unpermute_rotary(weights, permuted_heads)
     # F32 tensors come back as read-only views of the memory map; torch needs its own copy.

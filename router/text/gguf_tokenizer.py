@@ -78,8 +78,7 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def _metadata(path: Path) -> dict[str, Any]:
-    reader = open_gguf(path)
-    return {key: field.contents() for key, field in reader.fields.items() if key.startswith("tokenizer.")}
+    return {key: value for key, value in open_gguf(path).metadata.items() if key.startswith("tokenizer.")}
 
 
 def load_gguf_tokenizer(path: Path) -> GGUFTokenizer:
