@@ -1,12 +1,13 @@
 """Forward-pass speed on the embedded SmolLM2-135M, the attention backends side by side.
 
-Run: .venv/bin/python benchmarks/bench_forward.py [--sections split one kernels transformers] [--repeats 5] [--threads N]
+Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few kernels transformers] [--repeats 5] [--threads N]
 
 - split: one decode step of the shared-prefix workload (32 requests, 8 groups x 4 sharing 620
   tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
   median wall time and its attention / linear / other split (torch.profiler).
-- one: one request's decode step (context 740) on the native backend, its linear layers' one
-  row through F.linear (MKL's gemv) or through the native matvec, fp32 and bf16.
+- few: decode steps of 1, 4, 8 and 16 requests (context 740 each) on the native backend, their
+  linear products through oneDNN's packed weights (MKL's gemv for one row) or through the
+  native few-row product, fp32 and bf16.
 - kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
   shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
 - transformers: our runner (torch attention, page size 16) against transformers' forward.
@@ -123,7 +124,7 @@ def step_split(runner: ModelRunner, batch: ForwardBatch) -> tuple[float, float]:
         with record_function("step"):
             runner.forward(batch)
     totals = {e.key: e.cpu_time_total for e in prof.key_averages()}
-    linear = sum(t for name, t in totals.items() if "linear" in name)
+    linear = sum(t for name, t in totals.items() if "linear" in name or "matvec" in name)
     return totals["attention"] / totals["step"], linear / totals["step"]
 
 
@@ -152,24 +153,28 @@ def run_split(w: Workload, repeats: int) -> None:
 # ---------------------------------------------------------------- one request's decode step
 
 
-def run_one(repeats: int) -> None:
-    w = Workload(groups=1, per_group=1, shared=700)
-    print(f"\n## one request's decode step, context {w.context}, native backend: one-row linear products")
-    print("| dtype | F.linear (gemv) ms | native matvec ms | speed-up | max abs diff of the logits |")
-    print("|---|---|---|---|---|")
+def run_few(repeats: int) -> None:
+    print(
+        "\n## decode steps of a few requests (context 740 each, nothing shared), native backend: linear products"
+        " through oneDNN's packed weights (MKL's gemv for one row, F.linear for o_proj) or the native few-row product"
+    )
+    print("| requests | dtype | oneDNN / MKL ms | native ms | speed-up | max abs diff of the logits |")
+    print("|---|---|---|---|---|---|")
     path = embedded_model_path()
     weights = list(iter_weights(path, load_model_config(path)))
-    for label, dtype in DTYPES.items():
-        runners = {name: decode_runner("native", dtype, w, weights) for name in ("gemv", "matvec")}
-        prepare_linears(runners["gemv"].model, prepack=True, matvec=None)
-        batch = decode_batch(w, runners["gemv"].model_config.vocab_size)
-        with torch.inference_mode():
-            times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)
-            diff = (runners["gemv"].forward(batch) - runners["matvec"].forward(batch)).abs().max().item()
-        print(
-            f"| {label} | {times['gemv'] * 1e3:.1f} | {times['matvec'] * 1e3:.1f} "
-            f"| {times['gemv'] / times['matvec']:.2f}x | {diff:.1e} |"
-        )
+    for requests in (1, 4, 8, 16):
+        w = Workload(groups=requests, per_group=1, shared=700)
+        for label, dtype in DTYPES.items():
+            runners = {name: decode_runner("native", dtype, w, weights) for name in ("blas", "native")}
+            prepare_linears(runners["blas"].model, prepack=True, matvec=None)
+            batch = decode_batch(w, runners["blas"].model_config.vocab_size)
+            with torch.inference_mode():
+                times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)
+                diff = (runners["blas"].forward(batch) - runners["native"].forward(batch)).abs().max().item()
+            print(
+                f"| {requests} | {label} | {times['blas'] * 1e3:.1f} | {times['native'] * 1e3:.1f} "
+                f"| {times['blas'] / times['native']:.2f}x | {diff:.1e} |"
+            )
 
 
 # ---------------------------------------------------------------- the kernel microbench
@@ -315,8 +320,8 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         nargs="+",
-        choices=["split", "one", "kernels", "transformers"],
-        default=["split", "one", "kernels"],
+        choices=["split", "few", "kernels", "transformers"],
+        default=["split", "few", "kernels"],
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -327,8 +332,8 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}; medians of {args.repeats} alternating runs")
     if "split" in args.sections:
         run_split(w, args.repeats)
-    if "one" in args.sections:
-        run_one(args.repeats)
+    if "few" in args.sections:
+        run_few(args.repeats)
     if "kernels" in args.sections:
         run_kernels(w, args.repeats)
     if "transformers" in args.sections:

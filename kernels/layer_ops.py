@@ -32,7 +32,7 @@ class LayerOps:
     rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
     ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
 
-    ``matvec``: what linear layers use for a single row instead of ``F.linear`` (None: F.linear)."""
+    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear)."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]

@@ -52,9 +52,9 @@ def _rope_and_store(
 
 
 def native_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` for one row ``x`` ``[1, k]``; summed in another order, so fp32
+    """``F.linear(x, weight)`` for a few rows ``x`` ``[m, k]``; summed in another order, so fp32
     results differ in the last bits."""
-    out = x.new_empty(1, weight.shape[0])
+    out = x.new_empty(x.shape[0], weight.shape[0])
     torch.ops.radixcluster.matvec(x.contiguous(), weight, out)
     return out
 

@@ -1,7 +1,8 @@
-"""What linear layers compute with besides ``F.linear``: oneDNN's prepacked copy of a weight,
-for the small batches of decode, where MKL's ``F.linear`` spends much of each call repacking
-the weight; and the native one-row product (``kernels/csrc/matvec.cpp``), for a step of one
-request, where MKL's gemv reads the weight at about half the memory bandwidth.
+"""What linear layers compute with besides ``F.linear``: the native few-row product
+(``kernels/csrc/matvec.cpp``), for the decode steps of up to NATIVE_MAX_ROWS requests, where
+MKL's gemv reads the weight at about half the memory bandwidth and oneDNN's packed product
+runs 1.1-1.4x slower; and oneDNN's prepacked copy of a weight, for the batches above that,
+where MKL's ``F.linear`` spends much of each call repacking the weight.
 
 Measured with ``benchmarks/bench_linear.py`` (docs/BENCHMARKS.md, "Linear layers"); oneDNN's
 and the matvec's float32 results are not bitwise MKL's (the greedy outputs of the reference
@@ -21,8 +22,16 @@ from radixcluster.kernels.layer_ops import Matvec
 
 logger = logging.getLogger(__name__)
 
-# The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows, F.linear the
-# others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU time (benchmarks/bench_linear.py,
+# The native product serves 1 to NATIVE_MAX_ROWS rows. A step's linear work (SmolLM2, fp32,
+# weights from memory, 2 threads, the AVX2 EPYC; docs/BENCHMARKS.md "Linear layers") ran 1.2x
+# faster through it than through oneDNN's packed weights at 1 row, 1.3-1.4x at 4-8, 1.2x at
+# 16 and 1.1x at 32-48 (1 thread: 1.0x, 1.3x, 1.2x, 1.14x, 1.05x at 32); in bfloat16, where
+# oneDNN cannot pack here, 3.5-3.9x faster than F.linear at 4-32. Where oneDNN packs bfloat16
+# (AVX-512 with bf16 dot products or AMX; not measured against it) the native product serves
+# bfloat16 only its one-row steps.
+NATIVE_MAX_ROWS = 32
+# The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
+# product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU time (benchmarks/bench_linear.py,
 # docs/BENCHMARKS.md "Linear layers"), a step's linear work ran 0.87x packed at 1 row (MKL's
 # gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and 0.93-0.95x from 256 to 2048; on the
 # AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32, 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
@@ -49,11 +58,12 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 @dataclass(frozen=True, slots=True)
 class FastLinear:
-    """A layer's faster paths: ``packed`` (oneDNN) serves PACKED_MIN_ROWS to PACKED_MAX_ROWS
-    rows, ``matvec`` one row."""
+    """A layer's faster paths: ``matvec`` (the native product) serves 1 to ``matvec_rows``
+    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to PACKED_MAX_ROWS rows."""
 
     packed: torch.Tensor | None = None
     matvec: Matvec | None = None
+    matvec_rows: int = 1
 
 
 def linear(
@@ -63,7 +73,7 @@ def linear(
     else ``F.linear``."""
     if fast is not None:
         rows = x.shape[0]
-        if rows == 1 and fast.matvec is not None:
+        if rows <= fast.matvec_rows and fast.matvec is not None:
             out = fast.matvec(x, weight)
             return out if bias is None else out.add_(bias)
         if fast.packed is not None and PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS:
@@ -73,8 +83,9 @@ def linear(
 
 def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> int:
     """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights, and ``matvec``. Returns the bytes the packed
-    copies take (0 where oneDNN cannot run the model's dtype here)."""
+    and it has at least PACK_MIN_PARAMS weights, and ``matvec`` for up to NATIVE_MAX_ROWS rows
+    (a bfloat16 weight that oneDNN packs: one row). Returns the bytes the packed copies take (0
+    where oneDNN cannot run the model's dtype here)."""
     total = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -83,6 +94,7 @@ def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> i
         packed = pack_weight(weight) if prepack and weight.numel() >= PACK_MIN_PARAMS else None
         if packed is not None:
             total += weight.numel() * weight.element_size()
-        fast = FastLinear(packed, matvec) if packed is not None or matvec is not None else None
+        rows = 1 if packed is not None and weight.dtype == torch.bfloat16 else NATIVE_MAX_ROWS
+        fast = FastLinear(packed, matvec, rows) if packed is not None or matvec is not None else None
         setattr(module, "fast", fast)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
     return total

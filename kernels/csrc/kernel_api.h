@@ -120,11 +120,13 @@ struct rc_act_args {
   rc_dtype dtype;
 };
 
-// out [n] = weight [n, k] (row-major) times x [k]: a linear layer's one-row product.
+// out [m, n] = x [m, k] times weight [n, k] (both row-major) transposed: a linear layer's
+// product with a few rows.
 struct rc_matvec_args {
   const void* x;
   const void* weight;
   void* out;
+  int64_t m;
   int64_t n;
   int64_t k;
   rc_dtype dtype;

@@ -304,11 +304,11 @@ void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   check_same(x, weight, "weight");
   check_same(x, out, "out");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
-  TORCH_CHECK(x.is_contiguous() && x.numel() == weight.size(1), "x must be one contiguous row of ", weight.size(1),
-              " values");
-  TORCH_CHECK(out.is_contiguous() && out.numel() == weight.size(0), "out must be contiguous and hold ", weight.size(0),
-              " values");
-  rc_matvec_args args{x.data_ptr(), weight.data_ptr(), out.data_ptr(), weight.size(0), weight.size(1), dtype};
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == weight.size(1), "x must be contiguous rows of ",
+              weight.size(1), " values");
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == weight.size(0),
+              "out must be contiguous [", x.size(0), ", ", weight.size(0), "]");
+  rc_matvec_args args{x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.size(0), weight.size(0), weight.size(1), dtype};
   kernels().matvec(&args);
 }
 

@@ -106,20 +106,36 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-@pytest.mark.parametrize(("n", "k"), [(1, 576), (3, 37), (97, 64), (1536, 576), (576, 1536)])
-def test_matvec_is_f_linear_of_one_row(ops, dtype, n, k) -> None:
-    # rows not a multiple of the four streamed together, columns not one of the vector width
-    x, weight = randn(1, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (1, 1, 576),
+        (1, 3, 37),
+        (1, 97, 64),
+        (1, 1536, 576),
+        (1, 576, 1536),
+        (2, 5, 40),
+        (4, 96, 576),
+        (7, 1536, 576),
+        (8, 576, 1536),
+        (13, 97, 37),
+        (32, 960, 576),
+    ],
+)
+def test_matvec_is_f_linear_of_a_few_rows(ops, dtype, m, n, k) -> None:
+    # weight rows not a multiple of the three streamed together, input rows not one of the four
+    # run against them, columns not one of the vector width
+    x, weight = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
     out = ops.matvec(x, weight)
-    assert out.shape == (1, n) and out.dtype == dtype
+    assert out.shape == (m, n) and out.dtype == dtype
     # fp32 sums of k products: compared at the error such sums may differ by
     close = CLOSE[dtype] if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5 * k**0.5}
     torch.testing.assert_close(out, F.linear(x.float(), weight.float()).to(dtype), **close)
 
 
 def test_bad_shapes_say_what_is_wrong(ops) -> None:
-    with pytest.raises(RuntimeError, match="x must be one contiguous row of 8 values"):
-        ops.matvec(torch.zeros(1, 7), torch.zeros(4, 8))
+    with pytest.raises(RuntimeError, match="x must be contiguous rows of 8 values"):
+        ops.matvec(torch.zeros(2, 7), torch.zeros(4, 8))
     with pytest.raises(RuntimeError, match="weight must have the activations' dtype"):
         ops.matvec(torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="weight must be \\[hidden\\]"):

@@ -1,5 +1,5 @@
 """Linear layers' faster paths: the packed path computes F.linear's result at every row count it
-serves and refuses cleanly where oneDNN cannot run the dtype; the native matvec serves one row;
+serves and refuses cleanly where oneDNN cannot run the dtype; the native matvec serves a few rows;
 both cover every linear layer and the LM head of SmolLM2, tied to the embedding or not."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import packed_weight_bytes
 from radixcluster.worker.llama import LlamaForCausalLM
 from radixcluster.worker.packed_linear import (
+    NATIVE_MAX_ROWS,
     PACK_MIN_PARAMS,
     PACKED_MAX_ROWS,
     PACKED_MIN_ROWS,
@@ -56,18 +57,20 @@ def test_an_unpacked_layer_is_f_linear_at_every_row_count():
     assert torch.equal(linear(x, weight, None), F.linear(x, weight))
 
 
-def test_one_row_goes_through_the_matvec_and_more_rows_do_not():
+def test_up_to_matvec_rows_go_through_the_matvec_and_more_do_not():
     native.load()
     from radixcluster.kernels.native_ops import native_matvec
 
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 80, generator=generator), torch.randn(96, generator=generator)
-    fast = FastLinear(pack_weight(weight), native_matvec)
-    row, rows = torch.randn(1, 80, generator=generator), torch.randn(PACKED_MIN_ROWS, 80, generator=generator)
-    assert torch.equal(linear(row, weight, fast), native_matvec(row, weight))
-    assert torch.equal(linear(row, weight, fast, bias), native_matvec(row, weight) + bias)
-    torch.testing.assert_close(linear(row, weight, fast, bias), F.linear(row, weight, bias), rtol=1e-5, atol=1e-5)
-    assert torch.equal(linear(rows, weight, fast), linear(rows, weight, FastLinear(fast.packed)))
+    fast = FastLinear(pack_weight(weight), native_matvec, matvec_rows=4)
+    for rows in (1, 4):
+        x = torch.randn(rows, 80, generator=generator)
+        assert torch.equal(linear(x, weight, fast), native_matvec(x, weight))
+        assert torch.equal(linear(x, weight, fast, bias), native_matvec(x, weight) + bias)
+        torch.testing.assert_close(linear(x, weight, fast, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    more = torch.randn(5, 80, generator=generator)
+    assert torch.equal(linear(more, weight, fast), linear(more, weight, FastLinear(fast.packed)))
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -98,6 +101,18 @@ def test_with_a_matvec_every_linear_layer_gets_it_packed_or_not(model_path):
     fast = {name: module.fast for name, module in model.named_modules() if hasattr(module, "fast")}
     assert len(fast) == 4 * config.num_layers + 1
     assert all(f is not None and f.matvec is native_matvec and f.packed is None for f in fast.values())
+    assert all(f.matvec_rows == NATIVE_MAX_ROWS for f in fast.values())
+
+
+def test_a_bfloat16_weight_that_onednn_packs_keeps_the_matvec_for_one_row(model_path):
+    config = replace(load_model_config(model_path), num_layers=1)
+    model = LlamaForCausalLM(config, TPGroup()).to(torch.bfloat16)
+    native.load()
+    from radixcluster.kernels.native_ops import native_matvec
+
+    packs = pack_weight(model.lm_head.weight) is not None
+    prepare_linears(model, prepack=True, matvec=native_matvec)
+    assert model.lm_head.fast.matvec_rows == (1 if packs else NATIVE_MAX_ROWS)
 
 
 def test_small_weights_stay_unpacked():

@@ -1,0 +1,86 @@
+"""A decode step's linear work at a few rows: the native few-row product (kernels/csrc/matvec.cpp)
+against what serves those rows without it (oneDNN's packed weight where the layer has one, else
+F.linear), on SmolLM2's 30 layers and LM head, every weight its own tensor so that each is read
+from memory as in a real step. The window where the native product wins is what
+NATIVE_MAX_ROWS in worker/packed_linear.py encodes.
+
+Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
+[--rows 1 2 4 8 16 32 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from radixcluster.bench.machine import cpu_model, load_average
+from radixcluster.kernels import native
+from radixcluster.kernels.native_ops import native_matvec
+from radixcluster.worker.packed_linear import PACK_MIN_PARAMS, pack_weight
+
+# SmolLM2-135M, [out, in]: qkv_proj, o_proj, gate_up_proj, down_proj (each in 30 layers), the LM head
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
+
+
+def step_linear(
+    weights: list[torch.Tensor], packed: list[torch.Tensor | None], rows: int, dtype: torch.dtype
+) -> dict[str, Callable[[], object]]:
+    """The step's linear products of ``rows`` rows, both ways."""
+    xs = {k: torch.randn(rows, k).to(dtype) for k in {w.shape[1] for w in weights}}
+
+    def blas() -> None:
+        for w, p in zip(weights, packed):
+            x = xs[w.shape[1]]
+            if p is None:
+                F.linear(x, w)
+            else:
+                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+
+    def few_rows() -> None:
+        for w in weights:
+            native_matvec(xs[w.shape[1]], w)
+
+    return {"blas": blas, "native": few_rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    native.load()
+    dtype = getattr(torch, args.dtype)
+    generator = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(shape, generator=generator) * 0.02).to(dtype) for shape in SHAPES]
+    packed = [pack_weight(w) if w.numel() >= PACK_MIN_PARAMS else None for w in weights]
+    gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
+    print(f"{cpu_model()}, load {load_average()}, {args.threads} threads, {args.dtype}, medians of {args.repeats}")
+    print("| rows | oneDNN packed / F.linear ms | native ms | native reads the weights at | speed-up |")
+    print("|---|---|---|---|---|")
+    with torch.inference_mode():
+        for rows in args.rows:
+            fns = step_linear(weights, packed, rows, dtype)
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            for fn in fns.values():
+                fn()
+            for _ in range(args.repeats):
+                for name, fn in fns.items():
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - start)
+            blas, ours = (statistics.median(times[name]) for name in ("blas", "native"))
+            print(
+                f"| {rows} | {blas * 1e3:.1f} | {ours * 1e3:.1f} | {gigabytes / ours:.1f} GB/s | {blas / ours:.2f}× |"
+            )
+
+
+if __name__ == "__main__":
+    main()
