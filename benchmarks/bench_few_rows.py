@@ -1,8 +1,9 @@
 """A decode step's linear work at a few rows: the native few-row product (kernels/csrc/matvec.cpp)
 against what serves those rows without it (oneDNN's packed weight where the layer has one, else
 F.linear), on SmolLM2's 30 layers and LM head, every weight its own tensor so that each is read
-from memory as in a real step. The window where the native product wins is what
-NATIVE_MAX_ROWS in worker/packed_linear.py encodes.
+from memory as in a real step; in bfloat16 also F.linear on the operands widened to float32
+(what serves more rows on a CPU without bfloat16 arithmetic). The window where the native
+product wins is what NATIVE_MAX_ROWS in worker/packed_linear.py encodes.
 
 Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
 [--rows 1 2 4 8 16 32 64]
@@ -45,7 +46,12 @@ def step_linear(
         for w in weights:
             native_matvec(xs[w.shape[1]], w)
 
-    return {"blas": blas, "native": few_rows}
+    def widened() -> None:
+        for w in weights:
+            F.linear(xs[w.shape[1]].float(), w.float()).to(dtype)
+
+    fns = {"blas": blas, "native": few_rows}
+    return fns if dtype == torch.float32 else {**fns, "widened": widened}
 
 
 def main() -> None:
@@ -63,8 +69,9 @@ def main() -> None:
     packed = [pack_weight(w) if w.numel() >= PACK_MIN_PARAMS else None for w in weights]
     gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
     print(f"{cpu_model()}, load {load_average()}, {args.threads} threads, {args.dtype}, medians of {args.repeats}")
-    print("| rows | oneDNN packed / F.linear ms | native ms | native reads the weights at | speed-up |")
-    print("|---|---|---|---|---|")
+    widened = "" if dtype == torch.float32 else " widened to fp32 ms |"
+    print(f"| rows | oneDNN packed / F.linear ms | native ms | native reads the weights at | speed-up |{widened}")
+    print("|---|---|---|---|---|" + ("---|" if widened else ""))
     with torch.inference_mode():
         for rows in args.rows:
             fns = step_linear(weights, packed, rows, dtype)
@@ -77,9 +84,10 @@ def main() -> None:
                     fn()
                     times[name].append(time.perf_counter() - start)
             blas, ours = (statistics.median(times[name]) for name in ("blas", "native"))
-            print(
-                f"| {rows} | {blas * 1e3:.1f} | {ours * 1e3:.1f} | {gigabytes / ours:.1f} GB/s | {blas / ours:.2f}× |"
-            )
+            row = f"| {rows} | {blas * 1e3:.1f} | {ours * 1e3:.1f} | {gigabytes / ours:.1f} GB/s | {blas / ours:.2f}× |"
+            if "widened" in times:
+                row += f" {statistics.median(times['widened']) * 1e3:.1f} |"
+            print(row)
 
 
 if __name__ == "__main__":

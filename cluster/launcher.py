@@ -345,11 +345,9 @@ class Launcher:
 def _dtype_note(plan: Plan) -> str:
     """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
     oneDNN and ATen then convert every operand, and float32 is faster."""
-    import torch
+    from radixcluster.worker.packed_linear import cpu_has_bf16_arithmetic
 
-    if plan.device != "cpu" or plan.dtype != "bfloat16":
-        return ""
-    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if plan.device != "cpu" or plan.dtype != "bfloat16" or cpu_has_bf16_arithmetic():
         return ""
     return ", emulated on this CPU: float32 is faster here"
 

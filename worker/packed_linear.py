@@ -1,8 +1,10 @@
 """What linear layers compute with besides ``F.linear``: the native few-row product
 (``kernels/csrc/matvec.cpp``), for the decode steps of up to NATIVE_MAX_ROWS requests, where
 MKL's gemv reads the weight at about half the memory bandwidth and oneDNN's packed product
-runs 1.1-1.4x slower; and oneDNN's prepacked copy of a weight, for the batches above that,
-where MKL's ``F.linear`` spends much of each call repacking the weight.
+runs 1.1-1.4x slower; oneDNN's prepacked copy of a weight, for the batches above that, where
+MKL's ``F.linear`` spends much of each call repacking the weight; and, for bfloat16 on a CPU
+without bfloat16 arithmetic, the product of the operands widened to float32, which MKL's
+sgemm computes 2-7x faster than its emulated bfloat16 kernels.
 
 Measured with ``benchmarks/bench_linear.py`` (docs/BENCHMARKS.md, "Linear layers"); oneDNN's
 and the matvec's float32 results are not bitwise MKL's (the greedy outputs of the reference
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -56,14 +59,25 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
+@cache
+def cpu_has_bf16_arithmetic() -> bool:
+    """Whether this CPU computes in bfloat16 (AVX-512 BF16 or AMX); without it oneDNN and ATen
+    convert every operand, and F.linear on bfloat16 runs ~4x slower than the native product
+    (1 to 512 rows) and 2-7x slower than sgemm on the operands widened to float32 (8 to 512
+    rows; benchmarks/bench_few_rows.py on the AVX2 EPYC)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 @dataclass(frozen=True, slots=True)
 class FastLinear:
     """A layer's faster paths: ``matvec`` (the native product) serves 1 to ``matvec_rows``
-    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to PACKED_MAX_ROWS rows."""
+    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to PACKED_MAX_ROWS rows; ``widen``: the other
+    row counts compute on float32 copies of the bfloat16 operands."""
 
     packed: torch.Tensor | None = None
     matvec: Matvec | None = None
     matvec_rows: int = 1
+    widen: bool = False
 
 
 def linear(
@@ -78,14 +92,18 @@ def linear(
             return out if bias is None else out.add_(bias)
         if fast.packed is not None and PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), fast.packed, bias, "none", [], "")
+        if fast.widen:
+            wide_bias = None if bias is None else bias.float()
+            return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
     return F.linear(x, weight, bias)
 
 
 def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> int:
     """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights, and ``matvec`` for up to NATIVE_MAX_ROWS rows
-    (a bfloat16 weight that oneDNN packs: one row). Returns the bytes the packed copies take (0
-    where oneDNN cannot run the model's dtype here)."""
+    and it has at least PACK_MIN_PARAMS weights, ``matvec`` for up to NATIVE_MAX_ROWS rows (a
+    bfloat16 weight that oneDNN packs: one row), and widening where the weight is bfloat16 and
+    the CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
+    cannot run the model's dtype here)."""
     total = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -94,7 +112,10 @@ def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> i
         packed = pack_weight(weight) if prepack and weight.numel() >= PACK_MIN_PARAMS else None
         if packed is not None:
             total += weight.numel() * weight.element_size()
-        rows = 1 if packed is not None and weight.dtype == torch.bfloat16 else NATIVE_MAX_ROWS
-        fast = FastLinear(packed, matvec, rows) if packed is not None or matvec is not None else None
+        bf16 = weight.dtype == torch.bfloat16
+        rows = 1 if packed is not None and bf16 else NATIVE_MAX_ROWS
+        widen = bf16 and not cpu_has_bf16_arithmetic()
+        useful = packed is not None or matvec is not None or widen
+        fast = FastLinear(packed, matvec, rows, widen) if useful else None
         setattr(module, "fast", fast)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
     return total

@@ -21,6 +21,7 @@ from radixcluster.worker.packed_linear import (
     PACKED_MAX_ROWS,
     PACKED_MIN_ROWS,
     FastLinear,
+    cpu_has_bf16_arithmetic,
     linear,
     pack_weight,
     prepare_linears,
@@ -113,6 +114,28 @@ def test_a_bfloat16_weight_that_onednn_packs_keeps_the_matvec_for_one_row(model_
     packs = pack_weight(model.lm_head.weight) is not None
     prepare_linears(model, prepack=True, matvec=native_matvec)
     assert model.lm_head.fast.matvec_rows == (1 if packs else NATIVE_MAX_ROWS)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_widened_bf16_layer_is_f_linear_of_the_float32_operands_rounded_once(with_bias):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 40, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(48, generator=generator).to(torch.bfloat16) if with_bias else None
+    x = torch.randn(NATIVE_MAX_ROWS + 1, 40, generator=generator).to(torch.bfloat16)
+    out = linear(x, weight, FastLinear(widen=True), bias)
+    wide_bias = None if bias is None else bias.float()
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, F.linear(x.float(), weight.float(), wide_bias).to(torch.bfloat16))
+
+
+def test_bf16_layers_widen_exactly_where_the_cpu_has_no_bf16_arithmetic(model_path):
+    config = replace(load_model_config(model_path), num_layers=1)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = LlamaForCausalLM(config, TPGroup()).to(dtype)
+        prepare_linears(model, prepack=False, matvec=None)
+        fast = [m.fast for m in model.modules() if hasattr(m, "fast")]
+        widened = dtype == torch.bfloat16 and not cpu_has_bf16_arithmetic()
+        assert all((f is not None and f.widen) == widened for f in fast)
 
 
 def test_small_weights_stay_unpacked():
