@@ -156,9 +156,10 @@ def run_split(w: Workload, repeats: int) -> None:
 def run_few(repeats: int) -> None:
     print(
         "\n## decode steps of a few requests (context 740 each, nothing shared), native backend: linear products"
-        " through oneDNN's packed weights (MKL's gemv for one row, F.linear for o_proj) or the native few-row product"
+        " without the native few-row product (oneDNN's packed weights, MKL's F.linear for one row and o_proj;"
+        " bf16 widened to fp32 where the CPU has no bf16 arithmetic) or through it"
     )
-    print("| requests | dtype | oneDNN / MKL ms | native ms | speed-up | max abs diff of the logits |")
+    print("| requests | dtype | without it ms | native ms | speed-up | max abs diff of the logits |")
     print("|---|---|---|---|---|---|")
     path = embedded_model_path()
     weights = list(iter_weights(path, load_model_config(path)))

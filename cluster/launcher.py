@@ -344,12 +344,13 @@ class Launcher:
 
 def _dtype_note(plan: Plan) -> str:
     """Said when bfloat16 runs on a CPU that has no bfloat16 arithmetic (no AVX-512 BF16 or AMX):
-    oneDNN and ATen then convert every operand, and float32 is faster."""
+    the weights and KV cache are stored in bfloat16 and every product computes in float32 (the
+    native kernels and widened linear layers), about as fast as float32 here."""
     from radixcluster.worker.packed_linear import cpu_has_bf16_arithmetic
 
     if plan.device != "cpu" or plan.dtype != "bfloat16" or cpu_has_bf16_arithmetic():
         return ""
-    return ", emulated on this CPU: float32 is faster here"
+    return ", computed in float32 on this CPU: it has no bfloat16 arithmetic"
 
 
 def configure_logging(level: str) -> None:
