@@ -1,8 +1,9 @@
 """A decode step's linear work at a few rows: the native few-row product (kernels/csrc/matvec.cpp)
-against what serves those rows without it (oneDNN's packed weight where the layer has one, else
-F.linear), on SmolLM2's 30 layers and LM head, every weight its own tensor so that each is read
-from memory as in a real step; in bfloat16 also F.linear on the operands widened to float32
-(what serves more rows on a CPU without bfloat16 arithmetic). The window where the native
+against what serves those rows without it (oneDNN's packed weight for 2 to 128 rows where the
+layer has one, else F.linear: MKL's gemv at one row), on SmolLM2's 30 layers and LM head,
+every weight its own tensor so that each is read from memory as in a real step; in bfloat16
+also F.linear on the operands widened to float32 (what serves more rows on a CPU without
+bfloat16 arithmetic). Each path goes through the layers' own ``linear``. The window where the native
 product wins is what NATIVE_MAX_ROWS in worker/packed_linear.py encodes.
 
 Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
@@ -17,41 +18,27 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from radixcluster.bench.machine import cpu_model, load_average
 from radixcluster.kernels import native
 from radixcluster.kernels.native_ops import native_matvec
-from radixcluster.worker.packed_linear import PACK_MIN_PARAMS, pack_weight
+from radixcluster.worker.packed_linear import PACK_MIN_PARAMS, FastLinear, linear, pack_weight
 
 # SmolLM2-135M, [out, in]: qkv_proj, o_proj, gate_up_proj, down_proj (each in 30 layers), the LM head
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 
 
 def step_linear(
-    weights: list[torch.Tensor], packed: list[torch.Tensor | None], rows: int, dtype: torch.dtype
+    weights: list[torch.Tensor], paths: dict[str, list[FastLinear]], rows: int, dtype: torch.dtype
 ) -> dict[str, Callable[[], object]]:
-    """The step's linear products of ``rows`` rows, both ways."""
+    """The step's linear products of ``rows`` rows, through each of ``paths`` (one FastLinear
+    per weight), by the layers' own ``linear``."""
     xs = {k: torch.randn(rows, k).to(dtype) for k in {w.shape[1] for w in weights}}
 
-    def blas() -> None:
-        for w, p in zip(weights, packed):
-            x = xs[w.shape[1]]
-            if p is None:
-                F.linear(x, w)
-            else:
-                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+    def through(fasts: list[FastLinear]) -> Callable[[], object]:
+        return lambda: [linear(xs[w.shape[1]], w, fast) for w, fast in zip(weights, fasts)]
 
-    def few_rows() -> None:
-        for w in weights:
-            native_matvec(xs[w.shape[1]], w)
-
-    def widened() -> None:
-        for w in weights:
-            F.linear(xs[w.shape[1]].float(), w.float()).to(dtype)
-
-    fns = {"blas": blas, "native": few_rows}
-    return fns if dtype == torch.float32 else {**fns, "widened": widened}
+    return {name: through(fasts) for name, fasts in paths.items()}
 
 
 def main() -> None:
@@ -66,7 +53,12 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(0)
     weights = [(torch.randn(shape, generator=generator) * 0.02).to(dtype) for shape in SHAPES]
-    packed = [pack_weight(w) if w.numel() >= PACK_MIN_PARAMS else None for w in weights]
+    paths = {
+        "blas": [FastLinear(pack_weight(w) if w.numel() >= PACK_MIN_PARAMS else None) for w in weights],
+        "native": [FastLinear(matvec=native_matvec, matvec_rows=max(args.rows)) for _ in weights],
+    }
+    if dtype != torch.float32:
+        paths["widened"] = [FastLinear(widen=True) for _ in weights]
     gigabytes = sum(w.numel() * w.element_size() for w in weights) / 1e9
     print(f"{cpu_model()}, load {load_average()}, {args.threads} threads, {args.dtype}, medians of {args.repeats}")
     widened = "" if dtype == torch.float32 else " widened to fp32 ms |"
@@ -74,7 +66,7 @@ def main() -> None:
     print("|---|---|---|---|---|" + ("---|" if widened else ""))
     with torch.inference_mode():
         for rows in args.rows:
-            fns = step_linear(weights, packed, rows, dtype)
+            fns = step_linear(weights, paths, rows, dtype)
             times: dict[str, list[float]] = {name: [] for name in fns}
             for fn in fns.values():
                 fn()

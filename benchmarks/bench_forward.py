@@ -6,8 +6,9 @@ Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few kernels 
   tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
   median wall time and its attention / linear / other split (torch.profiler).
 - few: decode steps of 1, 4, 8 and 16 requests (context 740 each) on the native backend, their
-  linear products through oneDNN's packed weights (MKL's gemv for one row) or through the
-  native few-row product, fp32 and bf16.
+  linear products without the native few-row product (oneDNN's packed weights, MKL's gemv for
+  one row; bf16 widened to fp32 where the CPU has no bf16 arithmetic) or through it, fp32 and
+  bf16.
 - kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
   shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
 - transformers: our runner (torch attention, page size 16) against transformers' forward.

@@ -6,7 +6,7 @@ MKL's ``F.linear`` spends much of each call repacking the weight; and, for bfloa
 without bfloat16 arithmetic, the product of the operands widened to float32, which MKL's
 sgemm computes 2-7x faster than its emulated bfloat16 kernels.
 
-Measured with ``benchmarks/bench_linear.py`` (docs/BENCHMARKS.md, "Linear layers"); oneDNN's
+Measured with ``benchmarks/bench_linear.py`` and ``benchmarks/bench_few_rows.py``; oneDNN's
 and the matvec's float32 results are not bitwise MKL's (the greedy outputs of the reference
 prompts still equal transformers'); ``--disable-weight-prepack`` turns prepacking off.
 """
@@ -26,18 +26,19 @@ from radixcluster.kernels.layer_ops import Matvec
 logger = logging.getLogger(__name__)
 
 # The native product serves 1 to NATIVE_MAX_ROWS rows. A step's linear work (SmolLM2, fp32,
-# weights from memory, 2 threads, the AVX2 EPYC; docs/BENCHMARKS.md "Linear layers") ran 1.2x
-# faster through it than through oneDNN's packed weights at 1 row, 1.3-1.4x at 4-8, 1.2x at
-# 16 and 1.1x at 32-48 (1 thread: 1.0x, 1.3x, 1.2x, 1.14x, 1.05x at 32); in bfloat16, where
-# oneDNN cannot pack here, 3.5-3.9x faster than F.linear at 4-32. Where oneDNN packs bfloat16
-# (AVX-512 with bf16 dot products or AMX; not measured against it) the native product serves
-# bfloat16 only its one-row steps.
+# weights from memory, 2 threads, the AVX2 EPYC; benchmarks/bench_few_rows.py, docs/BENCHMARKS.md
+# "Decode steps of a few requests") ran 1.84x faster through it than through MKL's gemv at 1
+# row, 1.3-1.5x faster than through oneDNN's packed weights at 2-8, 1.26x at 16, 1.16x at 32
+# and 1.12x at 64 (1 thread: 1.10x, 1.13-1.27x, 1.15x, 1.05x, 1.00x); in bfloat16, where oneDNN cannot pack here, ~4x faster
+# than F.linear at 8-512. Where oneDNN packs bfloat16 (AVX-512 with bf16 dot products or AMX;
+# not measured against it) the native product serves bfloat16 only its one-row steps.
 NATIVE_MAX_ROWS = 32
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
-# product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU time (benchmarks/bench_linear.py,
-# docs/BENCHMARKS.md "Linear layers"), a step's linear work ran 0.87x packed at 1 row (MKL's
-# gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and 0.93-0.95x from 256 to 2048; on the
-# AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32, 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
+# product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
+# time (benchmarks/bench_linear.py, docs/BENCHMARKS.md "Linear layers"), a step's linear work
+# ran 0.87x packed at 1 row (MKL's gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and
+# 0.93-0.95x from 256 to 2048; on the AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32,
+# 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
 PACKED_MIN_ROWS = 2
 PACKED_MAX_ROWS = 128
 # The batch size oneDNN chooses the blocked layout for (its "probe" M).
