@@ -13,6 +13,7 @@ from tokenizers import Tokenizer as Backend
 from radixcluster.model_path import ModelPathError
 from radixcluster.router.text.chat_template import render_chat_template
 from radixcluster.router.text.gguf_tokenizer import load_gguf_tokenizer
+from radixcluster.router.text.piece_encoder import PieceEncoder
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class Tokenizer:
     # names what turns a text or a chat into ids: two tokenizers with one fingerprint give the
     # same ids, so a gateway's ids can stand in for a replica's own
     fingerprint: str
+    # the backend's encode, faster on ASCII text (None: the backend's pre-tokenizer is not one it spells)
+    pieces: PieceEncoder | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -46,6 +49,8 @@ class Tokenizer:
         Encode a rendered chat prompt with ``add_special_tokens=False``: the template
         writes any BOS itself.
         """
+        if self.pieces is not None:
+            return self.with_bos(self.pieces.encode(text), add_special_tokens)
         return self.with_bos(self.backend.encode(text, add_special_tokens=False).ids, add_special_tokens)
 
     def with_bos(self, ids: list[int], add_special_tokens: bool = True) -> list[int]:
@@ -144,6 +149,7 @@ def _assemble(
         special_ids=frozenset(i for i, token in added.items() if token.special),
         added_ids=frozenset(added),
         fingerprint=fingerprint,
+        pieces=PieceEncoder.for_backend(backend),
     )
 
 

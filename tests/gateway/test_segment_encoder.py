@@ -13,6 +13,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
 from radixcluster.gateway.segment_encoder import MIN_CACHED_CHARS, SegmentEncoder
+from radixcluster.router.text.piece_encoder import PieceEncoder
 from radixcluster.router.text.tokenizer import load_tokenizer
 
 
@@ -57,8 +58,8 @@ def test_a_shared_system_prompt_is_remembered_and_chats_stay_exact(tokenizer) ->
 def test_added_tokens_that_take_in_spaces_turn_the_cutting_off(tokenizer) -> None:
     backend = Backend.from_str(tokenizer.backend.to_str())
     backend.add_tokens([AddedToken("<tool>", lstrip=True, rstrip=True)])
-    changed = dataclasses.replace(tokenizer, backend=backend)
+    changed = dataclasses.replace(tokenizer, backend=backend, pieces=PieceEncoder.for_backend(backend))
     encoder = SegmentEncoder(changed)
     text = f"call  <tool>  now {SYSTEM}"
-    assert encoder._split is None
+    assert encoder._cutter is None and changed.pieces is None
     assert encoder.encode(text) == changed.encode(text)
