@@ -83,36 +83,36 @@ class PromptReader:
         self.tokenizer = tokenizer
         self._encoder = SegmentEncoder(tokenizer)
 
-    def _tokenize(self, given: list[str | list[int]]) -> tuple[list[list[int]], list[list[int] | None]]:
+    def _tokenize(self, given: list[str | list[int]]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
         """Each prompt's ids, and the same with None for a prompt given as ids (a text that
         repeats in a batch is tokenized once)."""
-        texts: dict[str, list[int]] = {}
-        inputs: list[list[int]] = []
-        tokenized: list[list[int] | None] = []
+        texts: dict[str, np.ndarray] = {}
+        inputs: list[np.ndarray] = []
+        tokenized: list[np.ndarray | None] = []
         for prompt in given:
             if isinstance(prompt, str):
-                ids = texts.get(prompt) or texts.setdefault(prompt, self._encode(prompt))
+                ids = texts[prompt] if prompt in texts else texts.setdefault(prompt, self._encode(prompt))
                 tokenized.append(ids)
             else:
-                ids = prompt
+                ids = np.asarray(prompt, dtype=np.int64)
                 tokenized.append(None)
             inputs.append(ids)
         return inputs, tokenized
 
-    def _gateway_tokens(self, tokenized: list[list[int] | None]) -> bytes | None:
+    def _gateway_tokens(self, tokenized: list[np.ndarray | None]) -> bytes | None:
         """The ``gateway_tokens`` field of a request whose prompts tokenized as ``tokenized``
         (None for a prompt given as ids)."""
         if all(ids is None for ids in tokenized):
             return None
-        packed = [None if ids is None else pack_ids(np.asarray(ids, dtype=np.int32)) for ids in tokenized]
+        packed = [None if ids is None else pack_ids(ids) for ids in tokenized]
         return json.dumps({"tokenizer": self.tokenizer.fingerprint, "prompts": packed}).encode()
 
-    def _encode(self, text: str | None = None, messages: list[dict[str, Any]] | None = None) -> list[int]:
+    def _encode(self, text: str | None = None, messages: list[dict[str, Any]] | None = None) -> np.ndarray:
         try:
             rendered, add_special = prompt_text(self.tokenizer, text, messages)
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
-        return self._encoder.encode(rendered, add_special)
+        return np.asarray(self._encoder.encode(rendered, add_special), dtype=np.int64)
 
     def read(self, kind: str, body: dict[str, Any], tenant: str | None = None) -> RoutedRequest:
         """Validate ``body`` (raises pydantic's ValidationError or ApiError, both a 400) sent

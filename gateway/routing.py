@@ -64,10 +64,11 @@ def place(replica: Replica, prompts: list[Prompt], names: Names) -> Placement:
     per_prompt = names.of(view.page_size)
     ours: Counter[int] = Counter()
     predicted = []
-    for prompt, blocks in zip(prompts, per_prompt):
+    for i, (prompt, blocks) in enumerate(zip(prompts, per_prompt)):
         usable = blocks[: prompt.match_limit // view.page_size]
         predicted.append(view.matched(usable, ours) * view.page_size)
-        ours.update(blocks.tolist())
+        if i + 1 < len(prompts):
+            ours.update(blocks.tolist())
     return Placement(replica, per_prompt, predicted, view.seq, view.synced)
 
 
