@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 from tokenizers import Tokenizer as Backend
+from tokenizers.models import BPE
 
 # onig's \s on ASCII (Unicode's White_Space): 0x1c-0x1f are not space there, as they are to str.isspace
 _SPACE = r"\t\n\x0b\x0c\r "
@@ -23,6 +25,12 @@ _GPT2_SINGLE_DIGITS = (
 # a bound on what is remembered: pieces are words, numbers' digits, punctuation, spaces
 MAX_PIECES = 1 << 16
 MAX_PIECE_CHARS = 32
+
+
+def _pre_tokenizer(backend: Backend) -> dict[str, Any]:
+    """The backend's pre-tokenizer as tokenizer.json spells it ({} for none); read alone, as
+    the whole file's JSON would spell out the vocabulary too (~0.1 s)."""
+    return json.loads(backend.pre_tokenizer.__getstate__()) if backend.pre_tokenizer is not None else {}
 
 
 class AddedTokenCutter:
@@ -40,8 +48,7 @@ class AddedTokenCutter:
         text's first stretch)."""
         added = backend.get_added_tokens_decoder()
         plain = all(not (t.lstrip or t.rstrip or t.single_word) for t in added.values())
-        pre_tokenizer = json.dumps(json.loads(backend.to_str())["pre_tokenizer"])
-        if backend.normalizer is not None or not plain or "Metaspace" in pre_tokenizer:
+        if backend.normalizer is not None or not plain or "Metaspace" in json.dumps(_pre_tokenizer(backend)):
             return None
         # longest first: the tokenizer matches the longest added token at each place
         contents = sorted((t.content for t in added.values()), key=len, reverse=True)
@@ -63,10 +70,9 @@ class AddedTokenCutter:
 def _ascii_pieces(backend: Backend) -> re.Pattern[str] | None:
     """The pattern that cuts ASCII text as the backend's pre-tokenizer does, or None when it is
     not a byte-level one whose cutting we spell (with or without single digits first)."""
-    spec = json.loads(backend.to_str())
-    pre, model = spec["pre_tokenizer"] or {}, spec["model"]
-    if model.get("type") != "BPE" or model.get("dropout") is not None:
+    if not isinstance(backend.model, BPE) or backend.model.dropout is not None:
         return None  # dropout samples a piece's ids anew each time: nothing to remember
+    pre = _pre_tokenizer(backend)
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
     last = steps[-1] if steps else {}
     if last.get("type") != "ByteLevel" or last.get("add_prefix_space") or not last.get("use_regex", True):
