@@ -239,9 +239,11 @@ class Launcher:
         while not self.stopping.is_set():
             if not api.is_alive():
                 raise RuntimeError(f"the api process exited (is port {self.args.port} free?)")
+            # any answer will do: a group lost already (a first request can fail a rank before
+            # this poll) makes it 503, and only the supervision that follows replaces the group
             try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
+                httpx.get(url, timeout=2)
+                return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
