@@ -91,7 +91,9 @@ class PromptReader:
         tokenized: list[np.ndarray | None] = []
         for prompt in given:
             if isinstance(prompt, str):
-                ids = texts[prompt] if prompt in texts else texts.setdefault(prompt, self._encode(prompt))
+                if prompt not in texts:
+                    texts[prompt] = self._encode(prompt)
+                ids = texts[prompt]
                 tokenized.append(ids)
             else:
                 ids = np.asarray(prompt, dtype=np.int64)
