@@ -59,12 +59,52 @@ def error_response(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_body(status, message), status_code=status, headers=headers)
 
 
+# pydantic's tags of union members in an error's location ("list[str]", "str"); no field is
+# named like one
+_SCALAR_TAGS = {"str", "int", "float", "bool", "bytes", "none"}
+
+
+def _is_tag(part: object) -> bool:
+    text = str(part)
+    return "[" in text or text in _SCALAR_TAGS
+
+
+def _union_member(err: Any) -> tuple[tuple[str, ...], str] | None:
+    """The union ``err`` came from, as (its field's path, the member's tag); None outside a union."""
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    for i, part in enumerate(loc):
+        if _is_tag(part):
+            return tuple(loc[:i]), part
+    return None
+
+
+def _helpful(errors: list[Any]) -> list[Any]:
+    """Of a union's members, those whose errors are all about values, not types, when there
+    is one: the input took that member's shape (``sampling_params`` a dict, not a list), and
+    the others' "should be a valid list" would only hide what is wrong."""
+    fitting: dict[tuple[str, ...], set[str]] = {}
+    misfit: set[tuple[tuple[str, ...], str]] = set()
+    for err in errors:
+        member = _union_member(err)
+        if member is not None:
+            fitting.setdefault(member[0], set()).add(member[1])
+            if err.get("type", "").endswith("_type"):
+                misfit.add(member)
+    for site, tags in fitting.items():
+        tags.difference_update(tag for s, tag in misfit if s == site)
+
+    def keep(err: Any) -> bool:
+        member = _union_member(err)
+        return member is None or not fitting[member[0]] or member[1] in fitting[member[0]]
+
+    return [err for err in errors if keep(err)]
+
+
 def describe_validation_error(exc: ValidationError | RequestValidationError) -> str:
-    """One line naming each offending field and what is wrong with it (pydantic's names of
-    union members, such as ``list[constrained-int]``, left out of the field's path)."""
+    """One line naming each offending field and what is wrong with it."""
     parts: list[str] = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p))
+    for err in _helpful(list(exc.errors())):
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
         msg = err.get("msg", "invalid value")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"

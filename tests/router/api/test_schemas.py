@@ -163,6 +163,31 @@ def test_union_member_names_stay_out_of_the_message() -> None:
 
 
 @pytest.mark.parametrize(
+    "model, body, message",
+    [
+        # the member whose shape the value has says what is wrong; the others' "should be a
+        # valid list" (or string) is left out
+        (
+            GenerateIn,
+            sampling(temperature=-1),
+            "sampling_params.temperature: Input should be greater than or equal to 0",
+        ),
+        (GenerateIn, {"input_ids": [-1]}, "input_ids.0: Input should be greater than or equal to 0"),
+        (
+            GenerateIn,
+            {"text": "hi", "sampling_params": [{"top_p": 3}]},
+            "sampling_params.0.top_p: Input should be less than or equal to 1",
+        ),
+        (CompletionIn, {"prompt": [1, -2]}, "prompt.1: Input should be greater than or equal to 0"),
+        # a value of no member's shape: each member's type, the bare tag "str" not in the path
+        (GenerateIn, {"text": 5}, "text: Input should be a valid string; text: Input should be a valid list"),
+    ],
+)
+def test_a_union_is_described_by_the_member_the_value_fits(model: type, body: dict, message: str) -> None:
+    assert refusal(model, body) == message
+
+
+@pytest.mark.parametrize(
     "body, where",
     [
         (b'{"text": "hi \\ud800"}', "text"),
