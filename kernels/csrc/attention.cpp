@@ -22,6 +22,7 @@ struct Scratch {
   std::vector<float> staged;  // fp32 K then V rows of one key block (bf16 caches)
   std::vector<float> scores;  // [KEY_BLOCK, W]
   std::vector<int64_t> offsets;  // element offsets of three key blocks (this one, the next two)
+  std::vector<float> weights;  // one merged row's weight of each contribution
 };
 
 Scratch& scratch() {
@@ -200,21 +201,26 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
 // each one's share of the softmax denominator.
 void merge_token(const rc_attention_args& a, const rc_merge& m, int kv_head) {
   const int d = a.head_dim, group = a.num_heads / a.num_kv_heads;
+  const int n = m.contrib_end - m.contrib_begin;
+  // each weight is an exponential: computed once per row, not once per W dimensions
+  float* weight = grown(scratch().weights, size_t(n));
   for (int j = 0; j < group; ++j) {
     auto part = [&](int c) {
-      const int64_t row = (int64_t(a.contribs[c]) * a.num_kv_heads + kv_head) * group + j;
+      const int64_t row = (int64_t(a.contribs[m.contrib_begin + c]) * a.num_kv_heads + kv_head) * group + j;
       return a.partials + row * (d + 2);
     };
     float top = NEG_INF;
-    for (int c = m.contrib_begin; c < m.contrib_end; ++c) top = std::max(top, part(c)[d]);
-    // a part that saw no visible key has max -inf and sum 0: it weighs nothing
-    auto weight = [&](int c) { return part(c)[d] == NEG_INF ? 0.0f : std::exp(part(c)[d] - top); };
+    for (int c = 0; c < n; ++c) top = std::max(top, part(c)[d]);
     float total = 0.0f;
-    for (int c = m.contrib_begin; c < m.contrib_end; ++c) total += weight(c) * part(c)[d + 1];
+    for (int c = 0; c < n; ++c) {
+      // a part that saw no visible key has max -inf and sum 0: it weighs nothing
+      weight[c] = part(c)[d] == NEG_INF ? 0.0f : std::exp(part(c)[d] - top);
+      total += weight[c] * part(c)[d + 1];
+    }
     const int64_t at = (int64_t(m.row) * a.num_heads + kv_head * group + j) * d;
     for (int c0 = 0; c0 < d; c0 += W) {
       F o = Vec::zero();
-      for (int c = m.contrib_begin; c < m.contrib_end; ++c) o = Vec::fma(Vec::set1(weight(c)), Vec::load(part(c) + c0), o);
+      for (int c = 0; c < n; ++c) o = Vec::fma(Vec::set1(weight[c]), Vec::load(part(c) + c0), o);
       store(a.out, at + c0, Vec::div(o, Vec::set1(total)), a.dtype);
     }
   }
