@@ -79,9 +79,9 @@ def _union_member(err: Any) -> tuple[tuple[str, ...], str] | None:
 
 
 def _helpful(errors: list[Any]) -> list[Any]:
-    """Of a union's members, those whose errors are all about values, not types, when there
-    is one: the input took that member's shape (``sampling_params`` a dict, not a list), and
-    the others' "should be a valid list" would only hide what is wrong."""
+    """The errors worth reporting. Where some members of a union failed only on values, not
+    types, the input took their shape (``sampling_params`` a dict, not a list): only their
+    errors stay, since the others' "should be a valid list" would hide what is wrong."""
     fitting: dict[tuple[str, ...], set[str]] = {}
     misfit: set[tuple[tuple[str, ...], str]] = set()
     for err in errors:
