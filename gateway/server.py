@@ -26,6 +26,7 @@ from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
+from radixcluster.router.api.http_protocol import BoundedHeadProtocol
 from radixcluster.router.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ def run_gateway(config: GatewayConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
+            http=BoundedHeadProtocol,
             timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
         )
     )

@@ -23,6 +23,7 @@ from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
 from radixcluster.router.api.errors import error_response, install_error_handlers
+from radixcluster.router.api.http_protocol import BoundedHeadProtocol
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
 from radixcluster.router.api.router_client import RouterClient
@@ -136,6 +137,7 @@ def run_api_server(config: ApiConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
+            http=BoundedHeadProtocol,
             # by the time uvicorn shuts down, every response is complete or ended with an error
             timeout_graceful_shutdown=FAIL_FLUSH_S,
         ),

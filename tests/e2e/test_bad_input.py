@@ -162,6 +162,11 @@ def test_oversized_body(server, still_serves):
     assert_error(resp, 413, "exceeds")
 
 
+def test_an_endless_header_is_a_431(server, still_serves):
+    resp = requests.get(server.url + "/health", headers={**server.headers(), "X-Big": "a" * 2**20}, timeout=TIMEOUT_S)
+    assert_error(resp, 431, "headers")
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompt_longer_than_the_context(server, still_serves, stream):
     body = {"input_ids": [504] * (CONTEXT + 100), "sampling_params": {"max_new_tokens": 2}, "stream": stream}

@@ -121,6 +121,14 @@ def test_keys_are_checked_and_other_methods_and_paths_go_to_fastapi(servers) -> 
     assert requests.post(gateway.url + "/generate/x", json={}, headers=gateway.headers()).status_code == 404
 
 
+def test_the_gateway_bounds_a_request_head_as_the_replica_does(servers) -> None:
+    answers = [
+        requests.get(s.url + "/health", headers={**s.headers(), "X-Big": "a" * 2**20}, timeout=30) for s in servers
+    ]
+    direct, through = ((a.status_code, a.json()) for a in answers)
+    assert through == direct and direct[0] == 431
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_aborts_its_request_on_the_replica(servers, stream: bool) -> None:
     replica, gateway = servers
