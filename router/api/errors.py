@@ -82,22 +82,11 @@ def _helpful(errors: list[Any]) -> list[Any]:
     """The errors worth reporting. Where some members of a union failed only on values, not
     types, the input took their shape (``sampling_params`` a dict, not a list): only their
     errors stay, since the others' "should be a valid list" would hide what is wrong."""
-    fitting: dict[tuple[str, ...], set[str]] = {}
-    misfit: set[tuple[tuple[str, ...], str]] = set()
-    for err in errors:
-        member = _union_member(err)
-        if member is not None:
-            fitting.setdefault(member[0], set()).add(member[1])
-            if err.get("type", "").endswith("_type"):
-                misfit.add(member)
-    for site, tags in fitting.items():
-        tags.difference_update(tag for s, tag in misfit if s == site)
-
-    def keep(err: Any) -> bool:
-        member = _union_member(err)
-        return member is None or not fitting[member[0]] or member[1] in fitting[member[0]]
-
-    return [err for err in errors if keep(err)]
+    members = [_union_member(err) for err in errors]
+    misfits = {m for err, m in zip(errors, members) if m and err.get("type", "").endswith("_type")}
+    fitting = {m for m in members if m and m not in misfits}
+    fitting_sites = {site for site, _ in fitting}
+    return [err for err, m in zip(errors, members) if m is None or m[0] not in fitting_sites or m in fitting]
 
 
 def describe_validation_error(exc: ValidationError | RequestValidationError) -> str:
