@@ -1,7 +1,8 @@
 """Side-by-side serving comparison on this machine, in one run: PEERS.md's workloads (the same
-token ids, greedy, fixed output lengths, all requests at once over HTTP) against radixcluster
-with and without its radix cache and vLLM's CPU build with prefix caching, in float32 and in
-bfloat16 (every engine in the same dtype), with the same compute threads each.
+token ids, greedy, fixed output lengths, all requests at once over HTTP; ``--workloads random``
+adds prompts that share nothing) against radixcluster with and without its radix cache and
+vLLM's CPU build with prefix caching, in float32 and in bfloat16 (every engine in the same
+dtype), with the same compute threads each.
 
     .venv/bin/python benchmarks/compare_peers.py
 
@@ -41,7 +42,8 @@ RADIXCLUSTER_CONFIGS = {
 VLLM_CONFIGS = {"vllm-prefix-caching": True, "vllm-no-prefix-caching": False}
 CONFIGS = (*RADIXCLUSTER_CONFIGS, *VLLM_CONFIGS, "hf-static-batch")
 DEFAULT_CONFIGS = ("radixcluster", "radixcluster-no-cache", "vllm-prefix-caching")
-WORKLOADS = ("shared-prefix", "multi-turn")
+WORKLOADS = ("shared-prefix", "multi-turn", "random")
+DEFAULT_WORKLOADS = ("shared-prefix", "multi-turn")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -167,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(DEFAULT_CONFIGS))
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
-    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(DEFAULT_WORKLOADS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="compute threads for every engine")
     parser.add_argument("--out", type=Path, default=peers.HERE / "results")
