@@ -5,8 +5,9 @@ dispatch, metadata and sampling.
 Run: .venv/bin/python benchmarks/bench_step_overhead.py [--steps 20] [--repeats 5] [--threads 1] [--clock cpu|wall]
 (cpu: this process's CPU time, which other work on the cores does not inflate).
 Prints the median milliseconds of a greedy decode step at batch 1 and 32 (context 64 tokens,
-page size 1) with the linear weights prepacked and not, alternating; with --profile, the
-operators that take the most time in one step.
+page size 1) with the linear layers' fast paths (``prepare_linears``: the native few-row
+product here, the weights being too small to pack) and with plain F.linear, alternating; with
+--profile, the operators that take the most time in one step.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from radixcluster.model_config import load_model_config  # noqa: E402
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: E402
-from radixcluster.worker.packed_linear import prepack_linears  # noqa: E402
+from radixcluster.worker.packed_linear import prepare_linears  # noqa: E402
 from radixcluster.worker.weights import expected_shapes  # noqa: E402
 from support.paged_batches import Extend, PageBook  # noqa: E402
 
@@ -56,12 +57,10 @@ def tiny_runner(directory: Path, batch: int) -> ModelRunner:
     return ModelRunner(config, weights=weights)
 
 
-def set_prepacked(runner: ModelRunner, prepacked: bool) -> None:
-    for module in runner.model.modules():
-        if hasattr(module, "packed"):
-            module.packed = None
-    if prepacked:
-        prepack_linears(runner.model)
+def set_fast_linears(runner: ModelRunner, fast: bool) -> None:
+    """The runner's own fast linear paths, or none (F.linear throughout)."""
+    matvec = runner.attention.layer_ops.matvec if fast else None
+    prepare_linears(runner.model, fast and runner.config.prepack_weights, matvec)
 
 
 def decode_step_ms(runner: ModelRunner, batch: int, steps: int, profile: bool) -> float:
@@ -97,11 +96,11 @@ def main() -> None:
             runner = tiny_runner(Path(tmp), batch)
             times: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(args.repeats):
-                for prepacked in (False, True):
-                    set_prepacked(runner, prepacked)
-                    times[prepacked].append(decode_step_ms(runner, batch, args.steps, False))
+                for fast in (False, True):
+                    set_fast_linears(runner, fast)
+                    times[fast].append(decode_step_ms(runner, batch, args.steps, False))
             cells = ", ".join(
-                f"{'prepacked' if p else 'F.linear'} {statistics.median(t):.2f} ms" for p, t in times.items()
+                f"{'fast linears' if f else 'F.linear'} {statistics.median(t):.2f} ms" for f, t in times.items()
             )
             print(f"decode step, batch {batch:2d}: {cells}")
             if args.profile:
