@@ -1,6 +1,6 @@
 """Forward-pass speed on the embedded SmolLM2-135M, the attention backends side by side.
 
-Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few kernels transformers] [--repeats 5] [--threads N]
+Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few layers kernels transformers] [--repeats 5] [--threads N]
 
 - split: one decode step of the shared-prefix workload (32 requests, 8 groups x 4 sharing 620
   tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
@@ -9,6 +9,10 @@ Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few kernels 
   linear products without the native few-row product (oneDNN's packed weights, MKL's gemv for
   one row; bf16 widened to fp32 where the CPU has no bf16 arithmetic) or through it, fp32 and
   bf16.
+- layers: decode steps of 1 and 4 requests (context 740 each) and of the shared-prefix workload's
+  32, native backend: the layers one by one (Python between the kernels) against all of them in
+  one native call (``LayerOps.decoder_layers``), fp32 and bf16. The other sections run the
+  layers one by one, so that the profiler sees each layer's attention.
 - kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
   shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
 - transformers: our runner (torch attention, page size 16) against transformers' forward.
@@ -69,9 +73,11 @@ def alternating(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 # ---------------------------------------------------------------- the decode-step split
 
 
-def decode_runner(backend: str, dtype: torch.dtype, w: Workload, weights: list) -> ModelRunner:
-    """A runner whose KV pool holds the workload (random K/V), each layer's attention call
-    marked for the profiler."""
+def decode_runner(
+    backend: str, dtype: torch.dtype, w: Workload, weights: list, in_one_call: bool = False
+) -> ModelRunner:
+    """A runner whose KV pool holds the workload (random K/V); its layers run one by one, each
+    one's attention call marked for the profiler, unless ``in_one_call`` (where the backend can)."""
     runner = ModelRunner(
         RunnerConfig(
             model_path=embedded_model_path(),
@@ -88,14 +94,17 @@ def decode_runner(backend: str, dtype: torch.dtype, w: Workload, weights: list) 
     for cache in (*runner.kv_pool.k, *runner.kv_pool.v):
         cache.copy_(torch.randn(cache.shape, generator=gen))
     runner.kv_pool.page_table[: w.batch] = torch.from_numpy(decode_tables(w))
+    if in_one_call:
+        return runner
     attention = runner.attention
 
     def marked(*args: object) -> torch.Tensor:
         with record_function("attention"):
             return attention.paged_attention(*args)
 
+    ops = dataclasses.replace(attention.layer_ops, decoder_layers=None)
     for layer in runner.model.model.layers:
-        layer.self_attn.attention = dataclasses.replace(attention, paged_attention=marked)
+        layer.self_attn.attention = dataclasses.replace(attention, paged_attention=marked, layer_ops=ops)
     return runner
 
 
@@ -176,6 +185,26 @@ def run_few(repeats: int) -> None:
             print(
                 f"| {requests} | {label} | {times['blas'] * 1e3:.1f} | {times['native'] * 1e3:.1f} "
                 f"| {times['blas'] / times['native']:.2f}x | {diff:.1e} |"
+            )
+
+
+def run_layers(w: Workload, repeats: int) -> None:
+    print("\n## decode steps, native backend: the layers one by one against all of them in one native call")
+    print("| requests | dtype | one by one ms | one call ms | speed-up | logits equal |")
+    print("|---|---|---|---|---|---|")
+    path = embedded_model_path()
+    weights = list(iter_weights(path, load_model_config(path)))
+    workloads = [Workload(groups=1, per_group=1, shared=700), Workload(groups=4, per_group=1, shared=700), w]
+    for work in workloads:
+        for label, dtype in DTYPES.items():
+            runners = {c: decode_runner("native", dtype, work, weights, in_one_call=c) for c in (False, True)}
+            batch = decode_batch(work, runners[False].model_config.vocab_size)
+            with torch.inference_mode():
+                times = alternating({c: partial(r.forward, batch) for c, r in runners.items()}, repeats)
+                equal = torch.equal(runners[False].forward(batch), runners[True].forward(batch))
+            print(
+                f"| {work.batch} | {label} | {times[False] * 1e3:.1f} | {times[True] * 1e3:.1f} "
+                f"| {times[False] / times[True]:.2f}x | {equal} |"
             )
 
 
@@ -322,8 +351,8 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         nargs="+",
-        choices=["split", "few", "kernels", "transformers"],
-        default=["split", "few", "kernels"],
+        choices=["split", "few", "layers", "kernels", "transformers"],
+        default=["split", "few", "layers", "kernels"],
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -336,6 +365,8 @@ def main() -> None:
         run_split(w, args.repeats)
     if "few" in args.sections:
         run_few(args.repeats)
+    if "layers" in args.sections:
+        run_layers(w, args.repeats)
     if "kernels" in args.sections:
         run_kernels(w, args.repeats)
     if "transformers" in args.sections:

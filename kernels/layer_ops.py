@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from radixcluster.kernels.activation import silu_and_mul
+from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.norm import add_rms_norm, rms_norm
 from radixcluster.kernels.rotary import apply_rotary
 
@@ -20,6 +22,25 @@ Matvec = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 RopeAndStore = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor
 ]
+
+
+class DecoderLayers(Protocol):
+    """Every decoder layer of a step at once (see ``LayerOps``)."""
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weights: list[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        meta: AttentionMetadata,
+        num_heads: int,
+        num_kv_heads: int,
+        scale: float,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +53,20 @@ class LayerOps:
     rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
     ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
 
-    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear)."""
+    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear).
+
+    ``decoder_layers(x, weights, cos, sin, k_caches, v_caches, meta, num_heads, num_kv_heads,
+    scale, eps)``: every layer of the step in one call, for a model whose linear products all
+    go through ``matvec`` (one rank, no biases), ``weights`` six a layer (input norm, qkv, o,
+    post-attention norm, gate_up, down); returns what the layers one by one return, the last
+    one's output and the residual stream (``x`` is overwritten). None: layer by layer."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_and_store: RopeAndStore
     matvec: Matvec | None = None
+    decoder_layers: DecoderLayers | None = None
 
 
 def torch_layer_ops(store_kv: StoreKV) -> LayerOps:

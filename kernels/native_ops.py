@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.layer_ops import LayerOps
+from radixcluster.kernels.native_attention import native_plan
 
 
 def native_store_kv(
@@ -59,4 +61,48 @@ def native_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-NATIVE_LAYER_OPS = LayerOps(_rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store, native_matvec)
+def native_decoder_layers(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+    meta: AttentionMetadata,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``LayerOps.decoder_layers``: the layers' own kernels, in their order, in one call."""
+    plan = native_plan(meta, num_heads, num_kv_heads, k_caches[0].shape[-1], k_caches[0].shape[0])
+    residual = torch.empty_like(x)
+    torch.ops.radixcluster.decoder_layers(
+        x,
+        residual,
+        weights,
+        cos,
+        sin,
+        k_caches,
+        v_caches,
+        meta.slot_mapping,
+        meta.page_table,
+        meta.page_size,
+        meta.q_starts,
+        meta.prefix_lens,
+        plan.tasks,
+        plan.segments,
+        plan.merges,
+        plan.contribs,
+        plan.partials,
+        num_heads,
+        num_kv_heads,
+        scale,
+        eps,
+    )
+    return x, residual
+
+
+NATIVE_LAYER_OPS = LayerOps(
+    _rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store, native_matvec, native_decoder_layers
+)

@@ -4,13 +4,14 @@ cache, tensor parallel; module names follow transformers' so checkpoint names ma
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
 
 from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.attention_backend import TORCH_BACKEND, AttentionBackend
-from radixcluster.kernels.layer_ops import LayerOps
+from radixcluster.kernels.layer_ops import DecoderLayers, LayerOps
 from radixcluster.kernels.rotary import rope_cos_sin, rope_inv_freq
 from radixcluster.model_config import ModelConfig
 from radixcluster.worker.kv_pool import KVPool
@@ -137,6 +138,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, tp, attention)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, tied)
+        self.tp = tp
+        self._layer_weights: list[torch.Tensor] | None = None  # decoder_layers' weights, gathered once
 
     def forward(
         self,
@@ -153,12 +156,52 @@ class LlamaForCausalLM(nn.Module):
         x = m.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(positions, m.inv_freq, x.dtype)
         residual: torch.Tensor | None = None
-        for layer, k_cache, v_cache in zip(m.layers, kv_pool.k, kv_pool.v):
-            x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        at_once = self._decoder_layers(x.shape[0])
+        if at_once is None:
+            for layer, k_cache, v_cache in zip(m.layers, kv_pool.k, kv_pool.v):
+                x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
+        else:
+            attn = self._layers()[0].self_attn
+            heads = (attn.num_heads, attn.num_kv_heads)
+            x, residual = at_once(
+                x, self._weights(), cos, sin, kv_pool.k, kv_pool.v, meta, *heads, attn.scale, self.config.rms_norm_eps
+            )
         assert residual is not None, "a model has layers"
         # only the rows whose logits are wanted need the final norm and the LM head
         x, _ = m.norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows))
         return self.lm_head(x)
+
+    def _decoder_layers(self, rows: int) -> DecoderLayers | None:
+        """The layers' one-call path for ``rows`` rows where it computes what they would one by
+        one: one rank, no biases, and every linear product through the native few-row product."""
+        first = self._layers()[0]
+        at_once = first.self_attn.attention.layer_ops.decoder_layers
+        if at_once is None or self.tp.size > 1 or first.self_attn.qkv_proj.bias is not None:
+            return None
+        linears = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj, first.mlp.down_proj)
+        for linear in linears:
+            if linear.fast is None or linear.fast.matvec is None or rows > linear.fast.matvec_rows:
+                return None
+        return at_once
+
+    def _layers(self) -> list[LlamaDecoderLayer]:
+        return cast(list[LlamaDecoderLayer], list(self.model.layers))
+
+    def _weights(self) -> list[torch.Tensor]:
+        if self._layer_weights is None:
+            self._layer_weights = [
+                w
+                for layer in self._layers()
+                for w in (
+                    layer.input_layernorm.weight,
+                    layer.self_attn.qkv_proj.weight,
+                    layer.self_attn.o_proj.weight,
+                    layer.post_attention_layernorm.weight,
+                    layer.mlp.gate_up_proj.weight,
+                    layer.mlp.down_proj.weight,
+                )
+            ]
+        return self._layer_weights
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full checkpoint tensors (transformers' names), each cut to this rank's shard

@@ -312,6 +312,48 @@ void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   kernels().matvec(&args);
 }
 
+// Every decoder layer of a step in one call, when all its linear products are few-row ones
+// (one rank, no biases): the Python between the kernels (module calls, allocations, dispatch)
+// cost ~0.1 ms a layer, a tenth of one request's decode step. The kernels and their order are
+// worker/llama.py's, so the results are the same bit for bit. weights: per layer the input
+// norm, qkv, o, post-attention norm, gate_up and down. x: the embedded tokens in, the last
+// layer's output out; residual: the residual stream out.
+void decoder_layers(at::Tensor& x, at::Tensor& residual, at::TensorList weights, const at::Tensor& cos,
+                    const at::Tensor& sin, at::TensorList k_caches, at::TensorList v_caches,
+                    const at::Tensor& slot_mapping, const at::Tensor& page_table, int64_t page_size,
+                    const at::Tensor& q_starts, const at::Tensor& prefix_lens, const at::Tensor& tasks,
+                    const at::Tensor& segments, const at::Tensor& merges, const at::Tensor& contribs,
+                    at::Tensor& partials, int64_t num_heads, int64_t num_kv_heads, double scale, double eps) {
+  constexpr size_t PER_LAYER = 6;
+  const size_t layers = k_caches.size();
+  TORCH_CHECK(layers > 0 && v_caches.size() == layers && weights.size() == PER_LAYER * layers,
+              "decoder_layers needs K and V caches and ", PER_LAYER, " weights for every layer");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.is_contiguous() && residual.sizes() == x.sizes(),
+              "x and residual must be contiguous [tokens, hidden] tensors of one shape");
+  const int64_t tokens = x.size(0), head_dim = k_caches[0].size(-1);
+  at::Tensor qkv = at::empty({tokens, weights[1].size(0)}, x.options());
+  at::Tensor attended = at::empty({tokens, num_heads, head_dim}, x.options());
+  at::Tensor gate_up = at::empty({tokens, weights[4].size(0)}, x.options());
+  at::Tensor act = at::empty({tokens, weights[4].size(0) / 2}, x.options());
+  residual.copy_(x);
+  rms_norm(residual, weights[0], eps, x);
+  for (size_t layer = 0; layer < layers; ++layer) {
+    const at::Tensor* w = weights.data() + PER_LAYER * layer;
+    at::Tensor k_cache = k_caches[layer], v_cache = v_caches[layer];
+    if (layer > 0) add_rms_norm(x, residual, w[0], eps);
+    matvec(x, w[1], qkv);
+    rope_store_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, num_heads, num_kv_heads);
+    const at::Tensor q = qkv.narrow(1, 0, num_heads * head_dim).view({tokens, num_heads, head_dim});
+    paged_attention(q, k_cache, v_cache, attended, page_table, page_size, q_starts, prefix_lens, tasks, segments,
+                    merges, contribs, partials, scale);
+    matvec(attended.view({tokens, num_heads * head_dim}), w[2], x);
+    add_rms_norm(x, residual, w[3], eps);
+    matvec(x, w[4], gate_up);
+    silu_and_mul(gate_up, act);
+    matvec(act, w[5], x);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixcluster, m) {
@@ -334,6 +376,11 @@ TORCH_LIBRARY(radixcluster, m) {
   m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
   m.def("matvec(Tensor x, Tensor weight, Tensor(a!) out) -> ()");
+  m.def(
+      "decoder_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] weights, Tensor cos, Tensor sin, "
+      "Tensor(c!)[] k_caches, Tensor(d!)[] v_caches, Tensor slot_mapping, Tensor page_table, int page_size, "
+      "Tensor q_starts, Tensor prefix_lens, Tensor tasks, Tensor segments, Tensor merges, Tensor contribs, "
+      "Tensor(e!) partials, int num_heads, int num_kv_heads, float scale, float eps) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(radixcluster, CPU, m) {
@@ -345,4 +392,5 @@ TORCH_LIBRARY_IMPL(radixcluster, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("matvec", &matvec);
+  m.impl("decoder_layers", &decoder_layers);
 }

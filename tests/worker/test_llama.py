@@ -1,10 +1,13 @@
 """Our Llama forward over the paged KV cache against transformers on SmolLM2 (float32):
-whole prompts, prompts after a cached prefix, and mixed extend + decode batches."""
+whole prompts, prompts after a cached prefix, and mixed extend + decode batches; and the
+native path that runs a few-row step's layers in one call against the layers one by one."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +114,65 @@ def test_mixed_batch_equals_each_request_alone(runner, prompts, reference) -> No
         assert rel_err(row, single[0]) < 1e-4
     assert rel_err(together[1], reference(a + [42])) < 1e-4
     assert rel_err(together[3], reference(b + [7])) < 1e-4
+
+
+def layer_by_layer(runner: ModelRunner, hf_model) -> ModelRunner:
+    """A runner like ``runner`` whose layers run one by one (no ``decoder_layers``)."""
+    plain = ModelRunner(runner.config, weights=hf_model.state_dict().items())
+    for layer in plain.model.model.layers:
+        attention = layer.self_attn.attention
+        ops = dataclasses.replace(attention.layer_ops, decoder_layers=None)
+        layer.self_attn.attention = dataclasses.replace(attention, layer_ops=ops)
+    return plain
+
+
+def written_kv(runner: ModelRunner, book: PageBook, lens: dict[int, int]) -> list[torch.Tensor]:
+    """Every layer's K and V rows of the slots' first ``lens[slot]`` tokens."""
+    page = runner.config.page_size
+    rows = torch.tensor([book.pages[s][t // page] * page + t % page for s, n in lens.items() for t in range(n)])
+    caches = (*runner.kv_pool.k, *runner.kv_pool.v)
+    return [cache.view(-1, *cache.shape[2:])[rows] for cache in caches]
+
+
+def test_few_row_steps_in_one_call_equal_the_layers_one_by_one(runner, prompts, hf_model) -> None:
+    """With every linear product a native few-row one, a step's layers run in one native call
+    (no Python between the kernels); it computes what the layers do one by one, bit for bit:
+    the same logits and K/V for extends and decodes of one request, of several, and of a group
+    sharing a prefix."""
+    plain = layer_by_layer(runner, hf_model)
+    assert runner.model._decoder_layers(1) is not None and runner.model._decoder_layers(32) is not None
+    assert runner.model._decoder_layers(33) is None and plain.model._decoder_layers(1) is None
+    page = runner.config.page_size
+    books = {r: PageBook(page, runner.config.num_pages, seed=3) for r in (runner, plain)}
+    trunk = prompts[-1]
+    shared = len(trunk) // page * page
+    tails = {s: prompts[1][:s] + [s] for s in range(1, 5)}  # slot s: its own tokens after the trunk's pages
+    steps = [
+        [Extend(0, trunk, 0)],  # more rows than the few-row product takes: layer by layer
+        [Extend(s, tail, shared) for s, tail in tails.items()],
+        *(
+            [Extend(0, [40 + i], len(trunk) + i)] + [Extend(s, [41 + i], shared + len(t) + i) for s, t in tails.items()]
+            for i in range(3)
+        ),
+        [Extend(0, [99], len(trunk) + 3)],
+    ]
+    for index, step in enumerate(steps):
+        logits = {}
+        for r, book in books.items():
+            if index == 1:
+                for slot in tails:
+                    book.share(0, slot, shared)
+            batch = book.batch(step)
+            groups = np.asarray([0 if slot in tails else -1 for slot in batch.slots], np.int32)
+            if groups.max() == 0:  # slots 1-4 share the trunk's pages: one group
+                batch = dataclasses.replace(
+                    batch, prefix_groups=groups, prefix_group_lens=np.asarray([shared], np.int32)
+                )
+            logits[r] = r.forward(batch)
+        assert torch.equal(logits[runner], logits[plain])
+    lens = {0: len(trunk) + 4, **{s: shared + len(t) + 3 for s, t in tails.items()}}
+    for ours, theirs in zip(written_kv(runner, books[runner], lens), written_kv(plain, books[plain], lens)):
+        assert torch.equal(ours, theirs)
 
 
 def test_missing_and_unknown_weights_are_named(model_path, hf_model) -> None:
