@@ -49,18 +49,10 @@ def native_plan(
     return meta.plan
 
 
-def native_paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    """``attention.paged_attention`` on the native kernels (``meta`` may lack gathered rows)."""
-    num_heads, head_dim = q.shape[1:]
-    plan = native_plan(meta, num_heads, k_cache.shape[-2], head_dim, k_cache.shape[0])
-    out = q.new_empty(q.shape)
-    torch.ops.radixcluster.paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        out,
+def plan_args(meta: AttentionMetadata, plan: NativePlan) -> tuple:
+    """What the native attention operators take after their tensors: the page table, the
+    requests' layout and the step's plan."""
+    return (
         meta.page_table,
         meta.page_size,
         meta.q_starts,
@@ -70,6 +62,15 @@ def native_paged_attention(
         plan.merges,
         plan.contribs,
         plan.partials,
-        scale,
     )
+
+
+def native_paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """``attention.paged_attention`` on the native kernels (``meta`` may lack gathered rows)."""
+    num_heads, head_dim = q.shape[1:]
+    plan = native_plan(meta, num_heads, k_cache.shape[-2], head_dim, k_cache.shape[0])
+    out = q.new_empty(q.shape)
+    torch.ops.radixcluster.paged_attention(q, k_cache, v_cache, out, *plan_args(meta, plan), scale)
     return out

@@ -8,7 +8,7 @@ import torch
 
 from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.layer_ops import LayerOps
-from radixcluster.kernels.native_attention import native_plan
+from radixcluster.kernels.native_attention import native_plan, plan_args
 
 
 def native_store_kv(
@@ -86,15 +86,7 @@ def native_decoder_layers(
         k_caches,
         v_caches,
         meta.slot_mapping,
-        meta.page_table,
-        meta.page_size,
-        meta.q_starts,
-        meta.prefix_lens,
-        plan.tasks,
-        plan.segments,
-        plan.merges,
-        plan.contribs,
-        plan.partials,
+        *plan_args(meta, plan),
         num_heads,
         num_kv_heads,
         scale,
