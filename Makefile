@@ -33,7 +33,9 @@ lint: install
 	$(PY) tests/support/package_tree.py build/typecheck >/dev/null
 	$(VENV)/bin/mypy build/typecheck/radixcluster
 
+# PYTHONSAFEPATH: `python -m` would put the repository root on sys.path, where this repo's
+# kernels/ shadows Hugging Face's `kernels` package, which transformers (>= 5.25) imports
 test: install lint
-	$(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
+	PYTHONSAFEPATH=1 $(PY) -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 .PHONY: install lint serve test
