@@ -161,7 +161,7 @@ class LlamaForCausalLM(nn.Module):
             for layer, k_cache, v_cache in zip(m.layers, kv_pool.k, kv_pool.v):
                 x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache)
         else:
-            attn = self._layers()[0].self_attn
+            attn = self._first_layer().self_attn
             heads = (attn.num_heads, attn.num_kv_heads)
             x, residual = at_once(
                 x, self._weights(), cos, sin, kv_pool.k, kv_pool.v, meta, *heads, attn.scale, self.config.rms_norm_eps
@@ -174,7 +174,7 @@ class LlamaForCausalLM(nn.Module):
     def _decoder_layers(self, rows: int) -> DecoderLayers | None:
         """The layers' one-call path for ``rows`` rows where it computes what they would one by
         one: one rank, no biases, and every linear product through the native few-row product."""
-        first = self._layers()[0]
+        first = self._first_layer()
         at_once = first.self_attn.attention.layer_ops.decoder_layers
         if at_once is None or self.tp.size > 1 or first.self_attn.qkv_proj.bias is not None:
             return None
@@ -184,14 +184,14 @@ class LlamaForCausalLM(nn.Module):
                 return None
         return at_once
 
-    def _layers(self) -> list[LlamaDecoderLayer]:
-        return cast(list[LlamaDecoderLayer], list(self.model.layers))
+    def _first_layer(self) -> LlamaDecoderLayer:
+        return cast(LlamaDecoderLayer, self.model.layers[0])
 
     def _weights(self) -> list[torch.Tensor]:
         if self._layer_weights is None:
             self._layer_weights = [
                 w
-                for layer in self._layers()
+                for layer in cast(Iterable[LlamaDecoderLayer], self.model.layers)
                 for w in (
                     layer.input_layernorm.weight,
                     layer.self_attn.qkv_proj.weight,
