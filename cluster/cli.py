@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
             configure_logging(ns.log_level)
             args = server_args_from_namespace(ns)
-            return launch(args)
+            launch(args)
         if ns.command == "gateway":
             from radixcluster.gateway.server import run_gateway
 

@@ -7,7 +7,6 @@ drops its cache view meanwhile and resyncs when it is back."""
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shutil
 import signal
@@ -23,7 +22,7 @@ import httpx
 
 from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _join_or_kill, _start_process
 from radixcluster.model_path import resolve_model_path
-from radixcluster.process_tree import descendants, kill_survivors
+from radixcluster.process_tree import kill_survivors, started_processes
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
@@ -221,7 +220,7 @@ class DataParallelLauncher:
         if self.gateway is not None and self.gateway.is_alive():
             self.gateway.terminate()
             _join_or_kill(self.gateway, drain_s)
-        started = descendants(os.getpid())
+        started = started_processes()
         if ray.is_initialized():
             try:
                 ray.get([actor.stop.remote(drain_s) for actor in self.actors], timeout=drain_s + STOP_GRACE_S)

@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from radixcluster.process_tree import descendants, fork_into_own_group, kill_survivors, run_child
+from radixcluster.process_tree import fork_into_own_group, kill_survivors, run_child, started_processes
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
@@ -335,7 +335,7 @@ class Launcher:
             with contextlib.suppress(OSError):
                 self.router_control.send_bytes(encode(Shutdown()))
             _join_or_kill(self.router, STOP_GRACE_S)
-        started = descendants(os.getpid())
+        started = started_processes()
         ray_cluster.stop_workers(self.workers)
         # Ray's per-node agents can outlive ray.shutdown() when it ran mid-start: no process
         # this command started may stay behind.
@@ -363,12 +363,19 @@ def configure_logging(level: str) -> None:
     )
 
 
-def launch(args: ServerArgs) -> int:
+def launch(args: ServerArgs) -> NoReturn:
     code = fork_into_own_group()
-    if code is not None:
-        return code  # the parent: the replica (or the replicas and their gateway) ran in the child
-    if args.dp_size > 1:
-        from radixcluster.data_parallel import DataParallelLauncher
+    if code is None:  # the child: it runs the replica (or the replicas and their gateway)
+        if args.dp_size > 1:
+            from radixcluster.data_parallel import DataParallelLauncher
 
-        return DataParallelLauncher(args).run()
-    return Launcher(args).run()
+            code = DataParallelLauncher(args).run()
+        else:
+            code = Launcher(args).run()
+    # Everything the command started has stopped: the interpreter's own teardown (a garbage
+    # collection over the heap that Ray and torch filled, ~2 s in each of the two processes)
+    # would only delay the exit code a supervisor waits for.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -11,6 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,14 @@ def descendants(pid: int) -> set[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def started_processes() -> set[int]:
+    """The processes this one started that must stop with it: its descendants, less
+    multiprocessing's resource tracker, which ignores SIGTERM and ends when this process does
+    (its pid is private; where it cannot be read, the tracker is counted and waited out)."""
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return descendants(os.getpid()) - {tracker}
 
 
 def is_running(pid: int) -> bool:

@@ -3,13 +3,15 @@ group reaches it alone: real processes, real signals."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+from multiprocessing import resource_tracker
 
-from radixcluster.process_tree import is_running
+from radixcluster.process_tree import descendants, is_running, started_processes
 
 # A script whose forked child ties itself to the script, reports its pid and waits.
 TIED_CHILD = """
@@ -67,3 +69,19 @@ def test_a_sigkilled_front_takes_the_whole_group_with_it():
     front.kill()
     front.wait()
     assert wait_gone(child) and wait_gone(untied)
+
+
+def test_started_processes_leave_out_the_resource_tracker_which_ends_with_this_process():
+    """A spawned child starts multiprocessing's resource tracker, which ignores SIGTERM: a
+    shutdown that waited for it to exit would always wait out its whole grace."""
+    context = multiprocessing.get_context("spawn")
+    child = context.Process(target=time.sleep, args=(600,), daemon=True)
+    child.start()
+    try:
+        tracker = resource_tracker._resource_tracker._pid
+        assert tracker is not None and is_running(tracker)
+        assert child.pid in started_processes() and tracker in descendants(os.getpid())
+        assert tracker not in started_processes()
+    finally:
+        child.kill()
+        child.join()
