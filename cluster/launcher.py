@@ -23,6 +23,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, NoReturn
 
+from radixcluster.model_config import load_model_config
+from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.process_tree import fork_into_own_group, kill_survivors, run_child, started_processes
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.replica_plan import Plan, make_plan, omp_env
@@ -363,7 +365,17 @@ def configure_logging(level: str) -> None:
     )
 
 
+def check_tp_size(args: ServerArgs) -> None:
+    """Refuses, before anything starts, a --tp-size the model cannot be split into (else each rank
+    would fail while loading, behind Ray's traceback)."""
+    path = resolve_model_path(args.model_path)
+    problem = load_model_config(path).tp_size_problem(args.tp_size)
+    if problem is not None:
+        raise ValueError(f"--tp-size {args.tp_size} cannot split {served_model_name(path)}: {problem}")
+
+
 def launch(args: ServerArgs) -> NoReturn:
+    check_tp_size(args)
     code = fork_into_own_group()
     if code is None:  # the child: it runs the replica (or the replicas and their gateway)
         if args.dp_size > 1:

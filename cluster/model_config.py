@@ -51,6 +51,28 @@ class ModelConfig:
         local_kv_heads = max(1, self.num_kv_heads // tp_size)
         return 2 * self.num_layers * local_kv_heads * self.head_dim * dtype_bytes
 
+    def tp_size_problem(self, tp_size: int) -> str | None:
+        """Why ``tp_size`` ranks cannot split this model, or None: each rank takes whole
+        attention heads and an equal share of the MLP, and KV heads are split, or replicated
+        evenly when there are fewer than ranks."""
+        problems = self._tp_split_problems(tp_size)
+        if not problems:
+            return None
+        fits = [n for n in range(1, self.num_heads + 1) if not self._tp_split_problems(n)]
+        return f"{'; '.join(problems)} (sizes that fit: {', '.join(map(str, fits))})"
+
+    def _tp_split_problems(self, tp_size: int) -> list[str]:
+        kv_split = tp_size % self.num_kv_heads if tp_size > self.num_kv_heads else self.num_kv_heads % tp_size
+        return [
+            f"its {n} {what} do not split evenly over {tp_size} ranks"
+            for n, what, rest in (
+                (self.num_heads, "attention heads", self.num_heads % tp_size),
+                (self.num_kv_heads, "KV heads", kv_split),
+                (self.intermediate_size, "MLP channels", self.intermediate_size % tp_size),
+            )
+            if rest
+        ]
+
 
 def load_model_config(path: Path) -> ModelConfig:
     """Read the config of a resolved model path (a HF directory or a GGUF file)."""

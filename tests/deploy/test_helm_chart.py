@@ -169,7 +169,7 @@ def test_multinode_joins_the_ray_head(helm: Helm) -> None:
     assert env["RAY_ADDRESS"] == f"{head_service['metadata']['name']}:6379"
     assert server_args(docs).ray_address == "<RAY_ADDRESS>"
     script = server["command"][2]
-    assert "--num-gpus=2" in script and 'exec radixcluster up "$@"' in script
+    assert "--num-gpus=3" in script and 'exec radixcluster up "$@"' in script
     assert "--num-cpus=0" in container(head, "ray-head")["command"]
     assert {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"} <= {e["name"] for e in container(head, "ray-head")["env"]}
     assert env["RAY_AUTH_MODE"] == "token"

@@ -1,0 +1,54 @@
+"""A model's shape decides which tensor-parallel sizes can split it, and `radixcluster up`
+refuses any other at once, in one line, before starting a process."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+from radixcluster.model_config import load_model_config
+from support.servers import free_port, radixcluster_command
+
+
+def fitting(config, sizes) -> list[int]:
+    return [n for n in sizes if config.tp_size_problem(n) is None]
+
+
+def test_the_embedded_model_splits_over_1_or_3_ranks(model_path: Path) -> None:
+    config = load_model_config(model_path)  # 9 attention heads, 3 KV heads, 1536 MLP channels
+    assert fitting(config, range(1, 19)) == [1, 3]
+    assert config.tp_size_problem(2) == (
+        "its 9 attention heads do not split evenly over 2 ranks; "
+        "its 3 KV heads do not split evenly over 2 ranks (sizes that fit: 1, 3)"
+    )
+    # 9 ranks would hold one attention head each, and each KV head three times, but not the MLP
+    assert config.tp_size_problem(9) == "its 1536 MLP channels do not split evenly over 9 ranks (sizes that fit: 1, 3)"
+
+
+def test_ranks_beyond_the_kv_heads_replicate_them_evenly(model_path: Path) -> None:
+    # a Llama-3-8B-like shape: 32 attention heads over 8 KV heads
+    config = dataclasses.replace(load_model_config(model_path), num_heads=32, num_kv_heads=8, intermediate_size=12288)
+    assert fitting(config, range(1, 33)) == [1, 2, 4, 8, 16, 32]
+    # 24 heads over 8 KV heads: 12 ranks split the heads, but not the KV heads into whole copies
+    config = dataclasses.replace(config, num_heads=24)
+    assert (
+        config.tp_size_problem(12)
+        == "its 8 KV heads do not split evenly over 12 ranks (sizes that fit: 1, 2, 4, 8, 24)"
+    )
+
+
+def test_up_refuses_a_tp_size_the_model_cannot_split_before_starting_anything() -> None:
+    done = subprocess.run(
+        [*radixcluster_command(), "up", "--tp-size", "8", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "radixcluster: error: --tp-size 8 cannot split SmolLM2-135M-Instruct: "
+        "its 9 attention heads do not split evenly over 8 ranks; "
+        "its 3 KV heads do not split evenly over 8 ranks (sizes that fit: 1, 3)"
+    )
+    assert done.stdout == ""
