@@ -21,7 +21,7 @@ from support.streams import started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
-STREAMS, TOKENS = 8, 48
+STREAMS, TOKENS = 8, 32
 RAISE_AT_STEP = 20  # rank 1's 20th step: mid-decode of the first streams (one prefill step, then decodes)
 
 
@@ -65,7 +65,7 @@ def metric(server: ServerHandle, name: str) -> float:
 def test_a_rank_that_fails_dies_or_hangs_costs_no_request():
     env = {"RADIXCLUSTER_FAULT": f"raise:1:{RAISE_AT_STEP}"}
     # the watchdog: far above one step of this model on a busy CPU, short enough for a test
-    with launch_server("--tp-size", "3", "--step-timeout", "20", env=env) as srv:
+    with launch_server("--tp-size", "3", "--step-timeout", "12", env=env) as srv:
         first = rank_pids(srv)
         assert sorted(first) == [0, 1, 2]
         raised = streams(srv)  # rank 1 raises in the middle of these

@@ -28,7 +28,7 @@ KEY = "key-from-the-environment"
 
 def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
     # the timeout leaves short requests time to finish on a busy machine; the endless one waits it out
-    with launch_server("--shutdown-timeout", "20", api_key=KEY, key_in_env=True) as srv:
+    with launch_server("--shutdown-timeout", "10", api_key=KEY, key_in_env=True) as srv:
         tree = descendants(srv.process.pid)
         for pid in tree | {srv.process.pid}:
             assert KEY not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")

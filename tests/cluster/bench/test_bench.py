@@ -11,7 +11,7 @@ import pytest
 
 from radixcluster.bench.workloads import ideal_cached_tokens, multi_tenant, shared_prefix
 from radixcluster.router.text.tokenizer import load_tokenizer
-from support.servers import launch_server, radixcluster_command
+from support.servers import ServerHandle, radixcluster_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -48,40 +48,41 @@ def test_multi_tenant_interleaves_the_shared_prefix_requests(model_path) -> None
 
 
 @pytest.mark.slow
-def test_bench_shared_prefix_against_a_real_server(tmp_path: Path) -> None:
+def test_bench_shared_prefix_against_a_real_server(server: ServerHandle, tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     groups, per_group, prefix_len, question_len = 2, 2, 64, 24
-    with launch_server() as server:
-        run = subprocess.run(
-            [
-                *radixcluster_command(),
-                "bench",
-                "--base-url",
-                server.url,
-                "--workload",
-                "shared-prefix",
-                "--groups",
-                str(groups),
-                "--requests-per-group",
-                str(per_group),
-                "--prefix-len",
-                str(prefix_len),
-                "--question-len",
-                str(question_len),
-                "--output-len",
-                "8",
-                "--label",
-                "tiny",
-                "--no-progress",
-                "--output-json",
-                str(out_json),
-                "--output-png",
-                str(out_png),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    # the shared server: flushed first, so that the cached tokens are the run's own
+    run = subprocess.run(
+        [
+            *radixcluster_command(),
+            "bench",
+            "--base-url",
+            server.url,
+            "--workload",
+            "shared-prefix",
+            "--groups",
+            str(groups),
+            "--requests-per-group",
+            str(per_group),
+            "--prefix-len",
+            str(prefix_len),
+            "--question-len",
+            str(question_len),
+            "--output-len",
+            "8",
+            "--label",
+            "tiny",
+            "--no-progress",
+            "--flush-cache",
+            "--output-json",
+            str(out_json),
+            "--output-png",
+            str(out_png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr
     header, row = run.stdout.strip().splitlines()[-2:]
     for column in ("req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "cached", "ideal"):
