@@ -13,6 +13,7 @@ from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
+    UNSUPPORTED_SAMPLING,
     Deadline,
     Grammar,
     Key,
@@ -43,6 +44,15 @@ _EXTRA_SAMPLING = (
     "spaces_between_special_tokens",
     "no_stop_trim",
 )
+
+
+# OpenAI fields that change what a request does and that this server does not implement: a
+# silently ignored one would answer another question than the one asked (null and empty pass).
+UNSUPPORTED_OPENAI = {
+    **UNSUPPORTED_REQUEST,
+    "logit_bias": UNSUPPORTED_SAMPLING["logit_bias"],
+    "suffix": "completions with a suffix (insertion) are not supported",
+}
 
 
 class StreamOptions(BaseModel):
@@ -86,7 +96,7 @@ class OpenAIRequest(BaseModel):
     @classmethod
     def _supported(cls, data: Any) -> Any:
         # SGLang's extensions it would act on (lora_path, ...) are refused here too
-        return drop_unsupported(data, UNSUPPORTED_REQUEST)
+        return drop_unsupported(data, UNSUPPORTED_OPENAI)
 
     @property
     def include_usage(self) -> bool:

@@ -89,6 +89,13 @@ OPENAI_CASES = {
         "max_tokens",
     ),
     "completion with echo": ("/v1/completions", {"prompt": TEXT, "echo": True}, "echo"),
+    "completion with a logit_bias": ("/v1/completions", {"prompt": TEXT, "logit_bias": {"28": 5}}, "logit_bias"),
+    "chat with a logit_bias": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"28": -100}},
+        "logit_bias",
+    ),
+    "completion with a suffix": ("/v1/completions", {"prompt": TEXT, "suffix": " the end."}, "suffix"),
     "completion with an empty prompt": ("/v1/completions", {"prompt": ""}, "empty"),
     "completion without a prompt": ("/v1/completions", {"max_tokens": 3}, "prompt"),
     "completion with top_p zero": ("/v1/completions", {"prompt": TEXT, "top_p": 0}, "top_p"),

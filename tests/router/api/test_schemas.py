@@ -241,3 +241,11 @@ def test_cache_control_marks_pin_the_chat_up_to_their_message_or_the_whole_promp
     assert body.messages[1].as_dict() == {"role": "user", "content": "Q1"}  # the template sees text only
     assert CompletionIn.model_validate({"prompt": "hi", "cache_control": {"ttl": "90s"}}).pins() == [PromptPin(90.0)]
     assert CompletionIn.model_validate({"prompt": "hi"}).pins() == []
+
+
+def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> None:
+    for bias in ({}, None):
+        ChatCompletionIn.model_validate({"messages": CHAT, "logit_bias": bias})
+        CompletionIn.model_validate({"prompt": "hi", "logit_bias": bias, "suffix": None})
+    assert "logit biases are not implemented" in refusal(ChatCompletionIn, {"messages": CHAT, "logit_bias": {"28": 5}})
+    assert "suffix" in refusal(CompletionIn, {"prompt": "hi", "suffix": "."})
