@@ -59,8 +59,8 @@ def test_greedy_outputs_equal_transformers(server, hf_tokenizer, reference):
 
 @pytest.fixture(scope="module")
 def tp3() -> Iterator[ServerHandle]:
-    """A --tp-size 3 server; the drain test below stops it."""
-    with launch_server("--tp-size", "3", "--shutdown-timeout", "120") as handle:
+    """A --tp-size 3 server with pages of 16 tokens; the drain test below stops it."""
+    with launch_server("--tp-size", "3", "--page-size", "16", "--shutdown-timeout", "120") as handle:
         yield handle
 
 
@@ -71,6 +71,22 @@ def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, ref
         assert greedy_ids(tp3, hf_tokenizer) == reference
         assert get(off, "/cache_info").json()["cache_hits"] == 0
         assert get(tp3, "/get_server_info").json()["tp_size"] == 3
+
+
+def test_shared_prefix_is_reused_page_aligned_and_flushed(tp3):
+    """On the tp 3 server, whose pages hold 16 tokens."""
+    prefix = " ".join(f"word{i}" for i in range(250))  # ~500 tokens
+    first = generate(tp3, prefix + " First question?", max_new_tokens=4)
+    before = get(tp3, "/cache_info").json()
+    second = generate(tp3, prefix + " Second one?", max_new_tokens=4)
+    after = get(tp3, "/cache_info").json()
+    shared = first["meta_info"]["prompt_tokens"] - 4  # the questions differ in their last few tokens
+    assert second["meta_info"]["cached_tokens"] >= (shared // 16) * 16 - 16
+    assert second["meta_info"]["cached_tokens"] % 16 == 0
+    assert after["cache_hits"] == before["cache_hits"] + 1
+    assert after["cached_tokens_total"] == before["cached_tokens_total"] + second["meta_info"]["cached_tokens"]
+    assert post(tp3, "/flush_cache", {}).status_code == 200
+    assert generate(tp3, prefix + " Second one?", max_new_tokens=4)["meta_info"]["cached_tokens"] == 0
 
 
 def test_tp3_listens_on_loopback_only_and_drains_on_sigterm_to_its_process_group(tp3):
@@ -86,22 +102,6 @@ def test_tp3_listens_on_loopback_only_and_drains_on_sigterm_to_its_process_group
         assert all(finished_normally(f.result()) for f in running)
     assert tp3.process.wait(timeout=120) == 0
     assert wait_gone(tree, 10) == set()
-
-
-def test_shared_prefix_is_reused_page_aligned_and_flushed():
-    prefix = " ".join(f"word{i}" for i in range(250))  # ~500 tokens
-    with launch_server("--page-size", "16") as srv:
-        first = generate(srv, prefix + " First question?", max_new_tokens=4)
-        before = get(srv, "/cache_info").json()
-        second = generate(srv, prefix + " Second one?", max_new_tokens=4)
-        after = get(srv, "/cache_info").json()
-        shared = first["meta_info"]["prompt_tokens"] - 4  # the questions differ in their last few tokens
-        assert second["meta_info"]["cached_tokens"] >= (shared // 16) * 16 - 16
-        assert second["meta_info"]["cached_tokens"] % 16 == 0
-        assert after["cache_hits"] == before["cache_hits"] + 1
-        assert after["cached_tokens_total"] == before["cached_tokens_total"] + second["meta_info"]["cached_tokens"]
-        assert post(srv, "/flush_cache", {}).status_code == 200
-        assert generate(srv, prefix + " Second one?", max_new_tokens=4)["meta_info"]["cached_tokens"] == 0
 
 
 def stream_text(server, prompt: str) -> str:

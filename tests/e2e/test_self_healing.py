@@ -21,7 +21,7 @@ from support.streams import started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
-STREAMS, TOKENS = 8, 32
+STREAMS, TOKENS = 6, 24
 RAISE_AT_STEP = 20  # rank 1's 20th step: mid-decode of the first streams (one prefill step, then decodes)
 
 

@@ -57,13 +57,13 @@ def sampled_batch(server, text: str, count: int, max_new_tokens: int, **grammar)
     return resp.json()
 
 
-def test_fifty_sampled_generations_follow_the_json_schema(server):
-    outs = sampled_batch(server, PROMPT, 50, 128, json_schema=json.dumps(PERSON))
+def test_thirty_two_sampled_generations_follow_the_json_schema(server):
+    outs = sampled_batch(server, PROMPT, 32, 128, json_schema=json.dumps(PERSON))
     texts = [o["text"] for o in outs]
     for out in outs:
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         jsonschema.validate(json.loads(out["text"]), PERSON)
-    assert len(set(texts)) > 10  # sampled, not one answer 50 times
+    assert len(set(texts)) > 10  # sampled, not one answer 32 times
 
 
 @pytest.mark.parametrize("name", REGEXES)
