@@ -89,7 +89,6 @@ class DataParallelLauncher:
         self.actors: list[Any] = []
         self.gateway: BaseProcess | None = None
         self.stopping = threading.Event()
-        self.started = False
         self.runtime_dir = tempfile.mkdtemp(prefix="radixcluster-dp-")
         self.keys = cluster_keys(args)
 
@@ -97,11 +96,13 @@ class DataParallelLauncher:
         self._handle_signals()
         try:
             urls = self._start()
-            self.started = True
-            print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
-            print(
-                f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}", file=sys.stderr, flush=True
-            )
+            if not self.stopping.is_set():  # else a signal came as the gateway came up: on to the stop
+                print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+                print(
+                    f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return self._supervise()
         except _Stop:
             return 0
@@ -113,8 +114,10 @@ class DataParallelLauncher:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, *_: object) -> None:
+        first = not self.stopping.is_set()
         self.stopping.set()
-        if not self.started:
+        # as Launcher._on_signal: once the gateway exists it may hold requests, and the stop drains them
+        if first and self.gateway is None:
             raise _Stop
 
     def _start(self) -> list[str]:
@@ -169,7 +172,7 @@ class DataParallelLauncher:
         url = f"http://{host}:{self.args.port}/replicas"
         headers = {"Authorization": f"Bearer {self.keys.own}"} if self.keys.own else {}
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self.stopping.is_set():
             if self.gateway is None or not self.gateway.is_alive():
                 raise RuntimeError(f"the gateway process exited (is port {self.args.port} free?)")
             try:
@@ -179,7 +182,8 @@ class DataParallelLauncher:
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"the gateway did not see all {replicas} replicas within {READY_TIMEOUT_S} s")
+        if not self.stopping.is_set():
+            raise RuntimeError(f"the gateway did not see all {replicas} replicas within {READY_TIMEOUT_S} s")
 
     def _supervise(self) -> int:
         """Restart a replica that exits; end when the gateway does or a replica keeps dying."""

@@ -89,7 +89,6 @@ class Launcher:
         self.group_up = False
         self.api: BaseProcess | None = None
         self.stopping = threading.Event()
-        self.started = False
         self.attention_backend = args.attention_backend
 
     def run(self) -> int:
@@ -97,8 +96,8 @@ class Launcher:
         failed = True
         try:
             router, api = self._start()
-            self.started = True
-            print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+            if not self.stopping.is_set():  # else a signal came as the api came up: on to the drain
+                print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
             failed = self._supervise(router, api)
             return 1 if failed else 0
         except _StopDuringStartup:
@@ -111,11 +110,15 @@ class Launcher:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, *_) -> None:
-        if self.stopping.is_set() and self.api is not None:
+        first = not self.stopping.is_set()
+        if not first and self.api is not None:
             self._signal_api(signal.SIGINT)  # a second signal: the api ends its drain now
         self.stopping.set()
-        if not self.started:
-            raise _StopDuringStartup  # interrupts loading wherever it blocks
+        # Until the api exists nothing can hold a request: the first signal interrupts loading
+        # wherever it blocks. Once it exists (it may answer /health, and so take requests, before
+        # this process sees it ready) the stop drains; a later signal never unwinds the stop itself.
+        if first and self.api is None:
+            raise _StopDuringStartup
 
     def _start(self) -> tuple[BaseProcess, BaseProcess]:
         """Start every process (each is also kept on self, so a stop mid-start stops it)."""
