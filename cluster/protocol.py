@@ -68,6 +68,7 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
 
 @message
@@ -212,7 +213,8 @@ class SamplingBatch:
 
     Penalties count each request's output tokens so far: ``penalty_ids`` holds them
     request after request, ``penalty_lens`` says how many belong to each (0 when the
-    request has no penalty).
+    request has no penalty). Logit biases are laid out the same way: ``bias_ids`` and
+    ``bias_values`` request after request, ``bias_lens`` entries each.
     """
 
     temperature: np.ndarray  # float32 [B]; 0 means greedy
@@ -226,6 +228,9 @@ class SamplingBatch:
     penalty_ids: np.ndarray  # int32 [sum(penalty_lens)]
     penalty_lens: np.ndarray  # int32 [B]
     top_logprobs_num: np.ndarray  # int32 [B]
+    bias_ids: np.ndarray  # int32 [sum(bias_lens)]
+    bias_values: np.ndarray  # float32 [sum(bias_lens)]
+    bias_lens: np.ndarray  # int32 [B]
     return_logprob: bool = False
 
 

@@ -89,6 +89,7 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
     ints = np.array([r.int_row for r in reqs], dtype=np.int64).reshape(len(reqs), 3)
     penalized = [r.output_ids if r.has_penalty else () for r in reqs]
     penalty_ids = [t for ids in penalized for t in ids]
+    biased = [r for r in reqs if r.bias_ids.size]
     return SamplingBatch(
         temperature=floats[:, 0].copy(),
         top_p=floats[:, 1].copy(),
@@ -101,6 +102,9 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
         penalty_ids=np.array(penalty_ids, dtype=np.int32),
         penalty_lens=np.array([len(ids) for ids in penalized], dtype=np.int32),
         top_logprobs_num=ints[:, 2].astype(np.int32),
+        bias_ids=np.concatenate([r.bias_ids for r in biased]) if biased else np.zeros(0, np.int32),
+        bias_values=np.concatenate([r.bias_values for r in biased]) if biased else np.zeros(0, np.float32),
+        bias_lens=np.array([r.bias_ids.size for r in reqs], dtype=np.int32),
         return_logprob=any(r.return_logprob for r in reqs),
     )
 

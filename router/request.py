@@ -71,6 +71,8 @@ class Request:
     float_row: tuple[float, ...] = field(default=(), init=False)
     int_row: tuple[int, ...] = field(default=(), init=False)
     has_penalty: bool = field(default=False, init=False)
+    bias_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
+    bias_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), init=False)
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.ascontiguousarray(self.prompt_ids, dtype=np.int32).reshape(-1)
@@ -93,6 +95,9 @@ class Request:
         )
         self.int_row = (s.top_k, -1 if s.seed is None else s.seed, self.top_logprobs_num)
         self.has_penalty = s.frequency_penalty != 0.0 or s.presence_penalty != 0.0 or s.repetition_penalty != 1.0
+        if s.logit_bias:
+            self.bias_ids = np.fromiter(s.logit_bias.keys(), np.int32, len(s.logit_bias))
+            self.bias_values = np.fromiter(s.logit_bias.values(), np.float32, len(s.logit_bias))
 
     @property
     def fill_len(self) -> int:

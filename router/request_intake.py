@@ -99,6 +99,9 @@ class RequestIntake:
             raise RequestRejected(str(exc)) from None
         if sampling.stop_token_ids:
             self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
+        if sampling.logit_bias:
+            self._check_ids(_token_ids(list(sampling.logit_bias), "logit_bias"), "logit_bias")
+            _check_biases(list(sampling.logit_bias.values()))
         request = Request(
             rid=msg.rid,
             prompt_ids=ids.astype(np.int32),
@@ -147,6 +150,15 @@ def _token_ids(values: Sequence[int], what: str) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
     except (OverflowError, TypeError, ValueError):
         raise RequestRejected(f"{what} holds a value that is no token id") from None
+
+
+def _check_biases(values: list[float]) -> None:
+    try:
+        finite = bool(np.isfinite(np.asarray(values, dtype=np.float64)).all())
+    except (TypeError, ValueError):
+        finite = False
+    if not finite:
+        raise RequestRejected("logit_bias values must be finite numbers")
 
 
 def _check_integers(msg: GenerateRequest) -> None:

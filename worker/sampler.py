@@ -1,4 +1,5 @@
-"""Next-token sampling on TP rank 0: vocab mask, penalties, greedy or filtered sampling, logprobs.
+"""Next-token sampling on TP rank 0: vocab mask, logit biases, penalties, greedy or filtered
+sampling, logprobs.
 
 Semantics follow SGLang/vLLM. Per-request parameters come as host (numpy) arrays, so every
 decision about which rows need which step is made on the host without a device sync.
@@ -31,8 +32,9 @@ def sample(
 ) -> SampleOutput:
     """Pick one token per row of ``logits`` (float32 [B, V]); never modifies ``logits``.
 
-    Order: the vocab mask (disallowed tokens -> -inf), then penalties over each request's
-    output tokens so far (repetition, frequency, presence), then greedy argmax for rows with
+    Order: the vocab mask (disallowed tokens -> -inf), then each request's logit biases (added),
+    then penalties over each request's output tokens so far (repetition, frequency, presence),
+    then greedy argmax for rows with
     temperature 0 or top_k 1, or, for the others, softmax(logits / temperature) filtered by
     top_k, top_p (over the top_k survivors, renormalized) and min_p, and one draw. A mask row
     must allow at least one token.
@@ -45,7 +47,7 @@ def sample(
     mask, penalties and temperature (SGLang's default), at the chosen token and for the top K.
     """
     x = logits if vocab_mask is None else apply_vocab_mask(logits, vocab_mask)
-    x = apply_penalties(x, params)
+    x = apply_penalties(apply_logit_bias(x, params), params)
     next_ids = argmax_rows(x)
     sampled_rows = np.flatnonzero((params.temperature > 0) & (params.top_k != 1))
     if sampled_rows.size:
@@ -65,6 +67,20 @@ def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> torch.Te
     bits = (vocab_mask.unsqueeze(-1) >> shifts) & 1
     allowed = bits.reshape(vocab_mask.shape[0], -1)[:, :vocab].bool().to(logits.device)
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:
+    """Add each request's biases (``bias_ids``/``bias_values`` segments) to its row's logits.
+    Returns ``logits`` itself when no row has one, a new tensor otherwise."""
+    if params.bias_ids.size == 0:
+        return logits
+    device = logits.device
+    rows = np.repeat(np.arange(params.bias_lens.size), params.bias_lens)
+    return logits.index_put(
+        (_tensor(rows, torch.int64, device), _tensor(params.bias_ids, torch.int64, device)),
+        _tensor(params.bias_values, logits.dtype, device),
+        accumulate=True,
+    )
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:

@@ -22,6 +22,7 @@ MAX_STOP_STRINGS = 32
 MAX_STOP_CHARS = 256
 MAX_STOP_REGEXES = 4  # each is searched over all the text so far at every step
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIASES = 1024
 MAX_GRAMMAR_CHARS = 64 * 1024  # a regex, JSON schema or EBNF grammar
 MAX_GENERATIONS = 256  # per HTTP request: prompts x n
 MAX_DEADLINE_S = 24 * 3600.0
@@ -35,13 +36,17 @@ LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logpr
 Deadline = Annotated[float | None, Field(gt=0, le=MAX_DEADLINE_S)]
 Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
 Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
+# token id (a JSON key, so a string of digits) -> what is added to its logit; OpenAI's range,
+# wide enough to force or ban a token (logits lie within a few tens)
+LogitBias = Annotated[
+    dict[TokenId, Annotated[float, Field(ge=-100, le=100)]] | None, Field(max_length=MAX_LOGIT_BIASES)
+]
 
 # Fields of SGLang's SamplingParams and GenerateReqInput that change what a request does and
 # that this server does not implement: accepted at their defaults (null, false, empty), refused
 # with a 400 naming them otherwise. Why each is missing, for the message.
 UNSUPPORTED_SAMPLING = {
     "structural_tag": "structural tags are not implemented (use regex, json_schema or ebnf)",
-    "logit_bias": "logit biases are not implemented",
     "custom_params": "custom logit processors are not run here",
     "beam_width": "beam search is not implemented",
     "watermark": "watermarking is not implemented",
@@ -120,6 +125,7 @@ class SamplingParamsIn(BaseModel):
     regex: Grammar = None
     json_schema: Grammar = None
     ebnf: Grammar = None
+    logit_bias: LogitBias = None
     # we stream every step: how often SGLang would send a chunk changes nothing here
     stream_interval: int | None = Field(None, ge=1, le=INT32_MAX)
 
@@ -193,6 +199,7 @@ class SamplingParamsIn(BaseModel):
             regex=self.regex,
             json_schema=self.json_schema,
             ebnf=self.ebnf,
+            logit_bias=dict(self.logit_bias or {}),
         )
 
 

@@ -13,10 +13,10 @@ from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
     UNSUPPORTED_REQUEST,
-    UNSUPPORTED_SAMPLING,
     Deadline,
     Grammar,
     Key,
+    LogitBias,
     SamplingParamsIn,
     TokenId,
     check_generations,
@@ -30,7 +30,8 @@ CHAT_DEFAULT_MAX_TOKENS = 512
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
-# SGLang extensions a request may carry, passed through to the sampling parameters.
+# SGLang extensions (and OpenAI's logit_bias) a request may carry, passed through to the
+# sampling parameters.
 _EXTRA_SAMPLING = (
     "top_k",
     "min_p",
@@ -43,6 +44,7 @@ _EXTRA_SAMPLING = (
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "no_stop_trim",
+    "logit_bias",
 )
 
 
@@ -50,7 +52,6 @@ _EXTRA_SAMPLING = (
 # silently ignored one would answer another question than the one asked (null and empty pass).
 UNSUPPORTED_OPENAI = {
     **UNSUPPORTED_REQUEST,
-    "logit_bias": UNSUPPORTED_SAMPLING["logit_bias"],
     "suffix": "completions with a suffix (insertion) are not supported",
 }
 
@@ -86,6 +87,7 @@ class OpenAIRequest(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
+    logit_bias: LogitBias = None
     rid: Key | None = None
     cache_salt: Key | None = None
     deadline_s: Deadline = None

@@ -24,12 +24,16 @@ def sampling_batch() -> p.SamplingBatch:
         penalty_ids=np.array([3, 4, 5], np.int32),
         penalty_lens=np.array([0, 3], np.int32),
         top_logprobs_num=np.array([0, 5], np.int32),
+        bias_ids=np.array([7], np.int32),
+        bias_values=np.array([-2.5], np.float32),
+        bias_lens=np.array([1, 0], np.int32),
         return_logprob=True,
     )
 
 
 SAMPLES = [
     p.SamplingParams(max_new_tokens=3, temperature=0.2, stop=["\n"], stop_token_ids=[2], seed=7, json_schema="{}"),
+    p.SamplingParams(logit_bias={28: 5.0, 100: -100.0}),
     p.GenerateRequest(
         rid="a",
         sampling=p.SamplingParams(top_k=5),

@@ -89,11 +89,16 @@ OPENAI_CASES = {
         "max_tokens",
     ),
     "completion with echo": ("/v1/completions", {"prompt": TEXT, "echo": True}, "echo"),
-    "completion with a logit_bias": ("/v1/completions", {"prompt": TEXT, "logit_bias": {"28": 5}}, "logit_bias"),
-    "chat with a logit_bias": (
+    "completion with a logit_bias beyond 100": ("/v1/completions", {"prompt": TEXT, "logit_bias": {"28": 1e9}}, "100"),
+    "chat with a logit_bias on a word": (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"28": -100}},
-        "logit_bias",
+        {"messages": CHAT, "logit_bias": {"Paris": 5}},
+        "integer",
+    ),
+    "completion with a logit_bias outside the vocabulary": (
+        "/v1/completions",
+        {"prompt": TEXT, "logit_bias": {"4000000": 5}},
+        "outside the vocabulary",
     ),
     "completion with a suffix": ("/v1/completions", {"prompt": TEXT, "suffix": " the end."}, "suffix"),
     "completion with an empty prompt": ("/v1/completions", {"prompt": ""}, "empty"),

@@ -134,6 +134,26 @@ def test_completion_batch_with_n_orders_choices_prompt_major(client, model):
     assert [c.text for c in resp.choices] == [singles[0], singles[0], singles[1], singles[1]]
 
 
+def test_logit_bias_bans_the_greedy_token_and_forces_another(server, client, model):
+    prompt = "The capital of France is"
+
+    def output_ids(**params) -> list[int]:
+        body = {"text": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0, **params}}
+        resp = requests.post(server.url + "/generate", json=body, headers=server.headers(), timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["output_ids"]
+
+    plain = output_ids()
+    assert output_ids(logit_bias={str(plain[0]): -100})[0] != plain[0]
+    assert output_ids(logit_bias={"504": 100}) == [504, 504, 504]
+    # the same through the OpenAI SDK, whose logit_bias maps token ids to biases in [-100, 100]
+    banned = client.completions.create(
+        model=model, prompt=prompt, max_tokens=3, temperature=0, logit_bias={str(plain[0]): -100}
+    )
+    unbiased = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0)
+    assert banned.choices[0].text != unbiased.choices[0].text
+
+
 def test_completion_logprobs(client, model):
     resp = client.completions.create(
         model=model, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=3

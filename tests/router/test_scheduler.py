@@ -303,7 +303,15 @@ def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
     pen = Request(
         "pen",
         rand(10, 17),
-        SamplingParams(max_new_tokens=6, temperature=0.5, top_k=5, seed=3, frequency_penalty=0.5, ignore_eos=True),
+        SamplingParams(
+            max_new_tokens=6,
+            temperature=0.5,
+            top_k=5,
+            seed=3,
+            frequency_penalty=0.5,
+            ignore_eos=True,
+            logit_bias={7: -100.0, 3: 2.5},
+        ),
     )
     s.add_request(plain)
     s.add_request(pen)
@@ -317,6 +325,8 @@ def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
     sb = decode.sampling
     assert sb.seed.tolist() == [-1, 3] and sb.top_k.tolist() == [-1, 5] and sb.temperature.tolist() == [1.0, 0.5]
     assert sb.penalty_lens.tolist() == [0, 1] and sb.penalty_ids.tolist() == pen.output_ids
+    assert sb.bias_lens.tolist() == [0, 2] and sb.bias_ids.tolist() == [7, 3]
+    assert sb.bias_values.tolist() == [-100.0, 2.5]
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

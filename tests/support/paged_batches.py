@@ -26,6 +26,9 @@ def greedy_sampling(batch_size: int) -> SamplingBatch:
         penalty_ids=np.zeros(0, dtype=np.int32),
         penalty_lens=np.zeros(batch_size, dtype=np.int32),
         top_logprobs_num=np.zeros(batch_size, dtype=np.int32),
+        bias_ids=np.zeros(0, dtype=np.int32),
+        bias_values=np.zeros(0, dtype=np.float32),
+        bias_lens=np.zeros(batch_size, dtype=np.int32),
     )
 
 

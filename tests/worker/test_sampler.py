@@ -11,13 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcluster.protocol import SamplingBatch, decode, encode
-from radixcluster.worker.sampler import apply_penalties, argmax_rows, sample
+from radixcluster.worker.sampler import apply_logit_bias, apply_penalties, argmax_rows, sample
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05: filter boundaries are far from float rounding
 FIVE = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]).log()
 
 
-def batch(size: int, penalties: list[list[int]] | None = None, return_logprob: bool = False, **fields) -> SamplingBatch:
+def batch(
+    size: int,
+    penalties: list[list[int]] | None = None,
+    return_logprob: bool = False,
+    biases: list[dict[int, float]] | None = None,
+    **fields,
+) -> SamplingBatch:
     """A SamplingBatch of ``size`` rows with neutral defaults; a field given as a scalar is
     broadcast, as a list taken per row."""
     defaults = {
@@ -36,10 +42,14 @@ def batch(size: int, penalties: list[list[int]] | None = None, return_logprob: b
         for name, (default, dtype) in defaults.items()
     }
     penalties = penalties or [[] for _ in range(size)]
+    biases = biases or [{} for _ in range(size)]
     return SamplingBatch(
         **arrays,
         penalty_ids=np.array([t for ids in penalties for t in ids], dtype=np.int32),
         penalty_lens=np.array([len(ids) for ids in penalties], dtype=np.int32),
+        bias_ids=np.array([t for b in biases for t in b], dtype=np.int32),
+        bias_values=np.array([v for b in biases for v in b.values()], dtype=np.float32),
+        bias_lens=np.array([len(b) for b in biases], dtype=np.int32),
         return_logprob=return_logprob,
     )
 
@@ -174,6 +184,26 @@ def test_penalties_that_do_not_flip_the_argmax():
         repetition_penalty=[1.0, 1.0, 1.2],  # -1.2 * 1.2 = -1.44 < -1
     )
     assert sample(logits, params, positions(0, 0, 0), None).next_token_ids.tolist() == [0, 0, 0]
+
+
+def test_logit_biases_are_added_to_their_rows_before_the_penalties():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0]])
+    params = batch(
+        3,
+        temperature=0.0,
+        biases=[{3: 100.0}, {}, {0: -100.0, 2: 0.5}],
+        penalties=[[], [], [1]],
+        frequency_penalty=[0.0, 0.0, 1.0],  # row 2: token 1 drops to 0, below token 2's 0.5
+    )
+    params = decode(encode(params))  # as the worker receives them: read-only arrays
+    expected = torch.tensor([[2.0, 1.0, 0.0, 99.0], [2.0, 1.0, 0.0, -1.0], [-98.0, 1.0, 0.5, -1.0]])
+    assert torch.equal(apply_logit_bias(logits, params), expected)
+    out = sample(logits, params, positions(0, 0, 0), None)
+    assert out.next_token_ids.tolist() == [3, 0, 2]
+    assert logits[0, 3] == -1.0, "the caller's logits are never modified"
+    # a sampled row draws from the biased distribution: a token banned by -100 is never drawn
+    banned = draws(FIVE, 200, temperature=1.0, biases=[{0: -100.0}] * 200)
+    assert 0 not in set(banned.tolist()) and len(set(banned.tolist())) == 4
 
 
 def pack_mask(allowed: list[set[int]], vocab: int) -> torch.Tensor:

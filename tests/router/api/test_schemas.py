@@ -18,6 +18,7 @@ from radixcluster.router.api.native_schemas import (
     MAX_STOP_REGEXES,
     MAX_STOP_STRINGS,
     GenerateIn,
+    SamplingParamsIn,
 )
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 
@@ -244,8 +245,25 @@ def test_cache_control_marks_pin_the_chat_up_to_their_message_or_the_whole_promp
 
 
 def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> None:
-    for bias in ({}, None):
-        ChatCompletionIn.model_validate({"messages": CHAT, "logit_bias": bias})
-        CompletionIn.model_validate({"prompt": "hi", "logit_bias": bias, "suffix": None})
-    assert "logit biases are not implemented" in refusal(ChatCompletionIn, {"messages": CHAT, "logit_bias": {"28": 5}})
+    CompletionIn.model_validate({"prompt": "hi", "suffix": None})
+    CompletionIn.model_validate({"prompt": "hi", "suffix": ""})
     assert "suffix" in refusal(CompletionIn, {"prompt": "hi", "suffix": "."})
+
+
+def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
+    chat = ChatCompletionIn.model_validate({"messages": CHAT, "logit_bias": {"28": 5, "100": -100}})
+    assert chat.sampling().to_protocol().logit_bias == {28: 5.0, 100: -100.0}
+    for empty in ({}, None):
+        assert (
+            CompletionIn.model_validate({"prompt": "hi", "logit_bias": empty}).sampling().to_protocol().logit_bias == {}
+        )
+    native = SamplingParamsIn.model_validate({"logit_bias": {"5": 1.5}})
+    assert native.to_protocol().logit_bias == {5: 1.5}
+    for bad, why in (
+        ({"the": 1}, "valid integer"),
+        ({"-1": 1}, "greater than or equal to 0"),
+        ({"28": 101}, "less than or equal to 100"),
+        ({str(i): 1 for i in range(1025)}, "at most 1024 items"),
+    ):
+        assert why in refusal(CompletionIn, {"prompt": "hi", "logit_bias": bad})
+        assert why in refusal(GenerateIn, {"text": "hi", "sampling_params": {"logit_bias": bad}})
