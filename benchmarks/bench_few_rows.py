@@ -4,7 +4,7 @@ layer has one, else F.linear: MKL's gemv at one row), on SmolLM2's 30 layers and
 every weight its own tensor so that each is read from memory as in a real step; in bfloat16
 also F.linear on the operands widened to float32 (what serves more rows on a CPU without
 bfloat16 arithmetic). Each path goes through the layers' own ``linear``. The window where the native
-product wins is what NATIVE_MAX_ROWS in worker/packed_linear.py encodes.
+product wins is what MATVEC_ROWS in kernels/native_ops.py encodes (with the one-call step).
 
 Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
 [--rows 1 2 4 8 16 32 64]

@@ -177,7 +177,7 @@ def run_few(repeats: int) -> None:
         w = Workload(groups=requests, per_group=1, shared=700)
         for label, dtype in DTYPES.items():
             runners = {name: decode_runner("native", dtype, w, weights) for name in ("blas", "native")}
-            prepare_linears(runners["blas"].model, prepack=True, matvec=None)
+            prepare_linears(runners["blas"].model, prepack=True, matvec=None, matvec_rows=0)
             batch = decode_batch(w, runners["blas"].model_config.vocab_size)
             with torch.inference_mode():
                 times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)

@@ -59,8 +59,8 @@ def tiny_runner(directory: Path, batch: int) -> ModelRunner:
 
 def set_fast_linears(runner: ModelRunner, fast: bool) -> None:
     """The runner's own fast linear paths, or none (F.linear throughout)."""
-    matvec = runner.attention.layer_ops.matvec if fast else None
-    prepare_linears(runner.model, fast and runner.config.prepack_weights, matvec)
+    ops = runner.attention.layer_ops
+    prepare_linears(runner.model, fast and runner.config.prepack_weights, ops.matvec if fast else None, ops.matvec_rows)
 
 
 def decode_step_ms(runner: ModelRunner, batch: int, steps: int, profile: bool) -> float:

@@ -67,9 +67,9 @@ def _native(kind: str, head_dim: int, required: bool) -> AttentionBackend:
         native.say_unavailable(reason)
         return TORCH_BACKEND
     from radixcluster.kernels.native_attention import native_paged_attention
-    from radixcluster.kernels.native_ops import NATIVE_LAYER_OPS, native_store_kv
+    from radixcluster.kernels.native_ops import native_layer_ops, native_store_kv
 
-    return AttentionBackend("native", native_store_kv, native_paged_attention, False, NATIVE_LAYER_OPS, isa)
+    return AttentionBackend("native", native_store_kv, native_paged_attention, False, native_layer_ops(isa), isa)
 
 
 def _triton(kind: str) -> AttentionBackend:

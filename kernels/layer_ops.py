@@ -1,7 +1,7 @@
 """The steps of a decoder layer besides attention as one set: the elementwise ones (RMSNorm with
 or without the residual add, rotary embedding followed by the K/V store, SiLU·mul) and a
 linear layer's one-row product. ``torch_layer_ops`` is the reference composition (F.linear
-does its products); ``native_ops.NATIVE_LAYER_OPS`` fuses each step into one kernel."""
+does its products); ``native_ops.native_layer_ops`` fuses each step into one kernel."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ class LayerOps:
     rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
     ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
 
-    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear).
+    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear),
+    up to ``matvec_rows`` rows, beyond which the packed weights or F.linear are faster.
 
     ``decoder_layers(x, weights, cos, sin, k_caches, v_caches, meta, num_heads, num_kv_heads,
     scale, eps)``: every layer of the step in one call, for a model whose linear products all
@@ -67,6 +68,7 @@ class LayerOps:
     rope_and_store: RopeAndStore
     matvec: Matvec | None = None
     decoder_layers: DecoderLayers | None = None
+    matvec_rows: int = 0
 
 
 def torch_layer_ops(store_kv: StoreKV) -> LayerOps:

@@ -95,6 +95,25 @@ def native_decoder_layers(
     return x, residual
 
 
-NATIVE_LAYER_OPS = LayerOps(
-    _rms_norm, _add_rms_norm, _silu_and_mul, _rope_and_store, native_matvec, native_decoder_layers
-)
+# The most rows the native product serves, by the kernels' instruction set: where a whole decode
+# step (SmolLM2, 2 threads) stops running faster through it, in one native call, than layer by layer
+# on oneDNN's packed weights. The AVX2 EPYC (benchmarks/bench_few_rows.py, docs/BENCHMARKS.md
+# "Decode steps of a few requests"): the step's linear work 1.84x faster at 1 row, 1.3-1.5x at 2-8,
+# 1.26x at 16, 1.16x at 32, 1.12x at 64, and one call another 1.12x at 32. The AVX-512 EPYC (Zen 4,
+# docs/BENCHMARKS.md "Few rows on an AVX-512 EPYC"), where oneDNN's product runs on AVX-512 too:
+# the step 1.35x at 2 rows, 1.22x at 4, 1.04x at 8, 0.99x at 16, 0.85x at 32.
+MATVEC_ROWS = {"avx512bf16": 16, "avx512": 16}
+MATVEC_ROWS_ELSE = 32
+
+
+def native_layer_ops(isa: str) -> LayerOps:
+    """The fused steps, the few-row product and the layers in one call, on kernels of ``isa``."""
+    return LayerOps(
+        _rms_norm,
+        _add_rms_norm,
+        _silu_and_mul,
+        _rope_and_store,
+        native_matvec,
+        native_decoder_layers,
+        MATVEC_ROWS.get(isa, MATVEC_ROWS_ELSE),
+    )

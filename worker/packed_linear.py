@@ -1,7 +1,7 @@
 """What linear layers compute with besides ``F.linear``: the native few-row product
-(``kernels/csrc/matvec.cpp``), for the decode steps of up to NATIVE_MAX_ROWS requests, where
-MKL's gemv reads the weight at about half the memory bandwidth and oneDNN's packed product
-runs 1.1-1.4x slower; oneDNN's prepacked copy of a weight, for the batches above that, where
+(``kernels/csrc/matvec.cpp``), for the decode steps of a few requests (how many depends on the
+instruction set: ``native_ops.MATVEC_ROWS``), where MKL's gemv reads the weight at about half the
+memory bandwidth and oneDNN's packed product runs slower; oneDNN's prepacked copy of a weight, for the batches above that, where
 MKL's ``F.linear`` spends much of each call repacking the weight; and, for bfloat16 on a CPU
 without bfloat16 arithmetic, the product of the operands widened to float32, which MKL's
 sgemm computes 2-7x faster than its emulated bfloat16 kernels.
@@ -25,14 +25,11 @@ from radixcluster.kernels.layer_ops import Matvec
 
 logger = logging.getLogger(__name__)
 
-# The native product serves 1 to NATIVE_MAX_ROWS rows. A step's linear work (SmolLM2, fp32,
-# weights from memory, 2 threads, the AVX2 EPYC; benchmarks/bench_few_rows.py, docs/BENCHMARKS.md
-# "Decode steps of a few requests") ran 1.84x faster through it than through MKL's gemv at 1
-# row, 1.3-1.5x faster than through oneDNN's packed weights at 2-8, 1.26x at 16, 1.16x at 32
-# and 1.12x at 64 (1 thread: 1.10x, 1.13-1.27x, 1.15x, 1.05x, 1.00x); in bfloat16, where oneDNN cannot pack here, ~4x faster
-# than F.linear at 8-512. Where oneDNN packs bfloat16 (AVX-512 with bf16 dot products or AMX;
-# not measured against it) the native product serves bfloat16 only its one-row steps.
-NATIVE_MAX_ROWS = 32
+# Where oneDNN cannot pack bfloat16 (the AVX2 EPYC) the native product ran ~4x faster than F.linear
+# at 8-512 rows. Where it packs bfloat16 (AVX-512 with bf16 dot products, AMX) the native product
+# serves bfloat16 only its one-row steps: on the AVX-512 EPYC it was 1.56x faster at 1 row, 1.07x
+# at 2-4 and 0.82-0.49x at 8-32 (benchmarks/bench_few_rows.py, docs/BENCHMARKS.md "Few rows on an
+# AVX-512 EPYC").
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
 # time (benchmarks/bench_linear.py, docs/BENCHMARKS.md "Linear layers"), a step's linear work
@@ -99,9 +96,9 @@ def linear(
     return F.linear(x, weight, bias)
 
 
-def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> int:
+def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matvec_rows: int) -> int:
     """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights, ``matvec`` for up to NATIVE_MAX_ROWS rows (a
+    and it has at least PACK_MIN_PARAMS weights, ``matvec`` for up to ``matvec_rows`` rows (a
     bfloat16 weight that oneDNN packs: one row), and widening where the weight is bfloat16 and
     the CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
     cannot run the model's dtype here)."""
@@ -114,7 +111,7 @@ def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None) -> i
         if packed is not None:
             total += weight.numel() * weight.element_size()
         bf16 = weight.dtype == torch.bfloat16
-        rows = 1 if packed is not None and bf16 else NATIVE_MAX_ROWS
+        rows = 1 if packed is not None and bf16 else matvec_rows
         widen = bf16 and not cpu_has_bf16_arithmetic()
         useful = packed is not None or matvec is not None or widen
         fast = FastLinear(packed, matvec, rows, widen) if useful else None

@@ -24,10 +24,10 @@ CLOSE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2
 
 @pytest.fixture(scope="module")
 def ops():
-    native.load()
-    from radixcluster.kernels.native_ops import NATIVE_LAYER_OPS
+    isa = native.load()
+    from radixcluster.kernels.native_ops import native_layer_ops
 
-    return NATIVE_LAYER_OPS
+    return native_layer_ops(isa)
 
 
 @pytest.fixture(autouse=True, params=["avx512bf16", "avx512", "avx2", "scalar"])

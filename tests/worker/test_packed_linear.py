@@ -16,7 +16,6 @@ from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import packed_weight_bytes
 from radixcluster.worker.llama import LlamaForCausalLM
 from radixcluster.worker.packed_linear import (
-    NATIVE_MAX_ROWS,
     PACK_MIN_PARAMS,
     PACKED_MAX_ROWS,
     PACKED_MIN_ROWS,
@@ -78,7 +77,7 @@ def test_up_to_matvec_rows_go_through_the_matvec_and_more_do_not():
 def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     config = replace(load_model_config(model_path), tie_word_embeddings=tied)
     model = LlamaForCausalLM(config, TPGroup())
-    packed_bytes = prepare_linears(model, prepack=True, matvec=None)
+    packed_bytes = prepare_linears(model, prepack=True, matvec=None, matvec_rows=0)
     packed = {name for name, module in model.named_modules() if getattr(module, "fast", None) is not None}
     layer = "model.layers.0."
     # SmolLM2: qkv 960 x 576, gate_up 3072 x 576, down 576 x 1536 and the LM head are large enough;
@@ -98,11 +97,11 @@ def test_with_a_matvec_every_linear_layer_gets_it_packed_or_not(model_path):
     native.load()
     from radixcluster.kernels.native_ops import native_matvec
 
-    assert prepare_linears(model, prepack=False, matvec=native_matvec) == 0
+    assert prepare_linears(model, prepack=False, matvec=native_matvec, matvec_rows=16) == 0
     fast = {name: module.fast for name, module in model.named_modules() if hasattr(module, "fast")}
     assert len(fast) == 4 * config.num_layers + 1
     assert all(f is not None and f.matvec is native_matvec and f.packed is None for f in fast.values())
-    assert all(f.matvec_rows == NATIVE_MAX_ROWS for f in fast.values())
+    assert all(f.matvec_rows == 16 for f in fast.values())
 
 
 def test_a_bfloat16_weight_that_onednn_packs_keeps_the_matvec_for_one_row(model_path):
@@ -112,8 +111,8 @@ def test_a_bfloat16_weight_that_onednn_packs_keeps_the_matvec_for_one_row(model_
     from radixcluster.kernels.native_ops import native_matvec
 
     packs = pack_weight(model.lm_head.weight) is not None
-    prepare_linears(model, prepack=True, matvec=native_matvec)
-    assert model.lm_head.fast.matvec_rows == (1 if packs else NATIVE_MAX_ROWS)
+    prepare_linears(model, prepack=True, matvec=native_matvec, matvec_rows=16)
+    assert model.lm_head.fast.matvec_rows == (1 if packs else 16)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -121,7 +120,7 @@ def test_a_widened_bf16_layer_is_f_linear_of_the_float32_operands_rounded_once(w
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(48, 40, generator=generator).to(torch.bfloat16)
     bias = torch.randn(48, generator=generator).to(torch.bfloat16) if with_bias else None
-    x = torch.randn(NATIVE_MAX_ROWS + 1, 40, generator=generator).to(torch.bfloat16)
+    x = torch.randn(33, 40, generator=generator).to(torch.bfloat16)
     out = linear(x, weight, FastLinear(widen=True), bias)
     wide_bias = None if bias is None else bias.float()
     assert out.dtype == torch.bfloat16
@@ -132,7 +131,7 @@ def test_bf16_layers_widen_exactly_where_the_cpu_has_no_bf16_arithmetic(model_pa
     config = replace(load_model_config(model_path), num_layers=1)
     for dtype in (torch.float32, torch.bfloat16):
         model = LlamaForCausalLM(config, TPGroup()).to(dtype)
-        prepare_linears(model, prepack=False, matvec=None)
+        prepare_linears(model, prepack=False, matvec=None, matvec_rows=0)
         fast = [m.fast for m in model.modules() if hasattr(m, "fast")]
         widened = dtype == torch.bfloat16 and not cpu_has_bf16_arithmetic()
         assert all((f is not None and f.widen) == widened for f in fast)
@@ -140,4 +139,4 @@ def test_bf16_layers_widen_exactly_where_the_cpu_has_no_bf16_arithmetic(model_pa
 
 def test_small_weights_stay_unpacked():
     small = nn.Sequential(RowParallelLinear(PACK_MIN_PARAMS // 64 - 1, 64, TPGroup()))
-    assert prepare_linears(small, prepack=True, matvec=None) == 0 and small[0].fast is None
+    assert prepare_linears(small, prepack=True, matvec=None, matvec_rows=0) == 0 and small[0].fast is None
