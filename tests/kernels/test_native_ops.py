@@ -123,8 +123,8 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
     ],
 )
 def test_matvec_is_f_linear_of_a_few_rows(ops, dtype, m, n, k) -> None:
-    # weight rows not a multiple of the three streamed together, input rows not one of the four
-    # run against them, columns not one of the vector width
+    # weight rows not a multiple of the three (AVX-512: four) streamed together, input rows not
+    # one of the four (six) run against them, columns not one of the vector width
     x, weight = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
     out = ops.matvec(x, weight)
     assert out.shape == (m, n) and out.dtype == dtype
