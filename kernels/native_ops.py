@@ -101,7 +101,8 @@ def native_decoder_layers(
 # "Decode steps of a few requests"): the step's linear work 1.84x faster at 1 row, 1.3-1.5x at 2-8,
 # 1.26x at 16, 1.16x at 32, 1.12x at 64, and one call another 1.12x at 32. The AVX-512 EPYC (Zen 4,
 # docs/BENCHMARKS.md "Few rows on an AVX-512 EPYC"), where oneDNN's product runs on AVX-512 too:
-# the step 1.35x at 2 rows, 1.22x at 4, 1.04x at 8, 0.99x at 16, 0.85x at 32.
+# the step 1.44x at 2 rows, 1.19x at 4, 1.10x at 8, 1.11x at 16, 0.96x at 32 (0.85x with AVX2's
+# tile of 3 x 4 sums).
 MATVEC_ROWS = {"avx512bf16": 16, "avx512": 16}
 MATVEC_ROWS_ELSE = 32
 
