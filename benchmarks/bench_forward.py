@@ -5,10 +5,11 @@ Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few layers k
 - split: one decode step of the shared-prefix workload (32 requests, 8 groups x 4 sharing 620
   tokens, context 660, page size 1) on the torch and native backends, fp32 and bf16: the step's
   median wall time and its attention / linear / other split (torch.profiler).
-- few: decode steps of 1, 4, 8 and 16 requests (context 740 each) on the native backend, their
-  linear products without the native few-row product (oneDNN's packed weights, MKL's gemv for
-  one row; bf16 widened to fp32 where the CPU has no bf16 arithmetic) or through it, fp32 and
-  bf16.
+- few: decode steps of 1 to 32 requests (context 740 each) on the native backend, their layers
+  one by one with linear products without the native few-row product (oneDNN's packed weights,
+  MKL's gemv for one row; bf16 widened to fp32 where the CPU has no bf16 arithmetic), against
+  all layers in one native call through it (up to 32 rows whatever ``MATVEC_ROWS`` says: where
+  it stops winning is what that encodes), fp32 and bf16.
 - layers: decode steps of 1 and 4 requests (context 740 each) and of the shared-prefix workload's
   32, native backend: the layers one by one (Python between the kernels) against all of them in
   one native call (``LayerOps.decoder_layers``), fp32 and bf16. The other sections run the
@@ -165,19 +166,23 @@ def run_split(w: Workload, repeats: int) -> None:
 
 def run_few(repeats: int) -> None:
     print(
-        "\n## decode steps of a few requests (context 740 each, nothing shared), native backend: linear products"
-        " without the native few-row product (oneDNN's packed weights, MKL's F.linear for one row and o_proj;"
-        " bf16 widened to fp32 where the CPU has no bf16 arithmetic) or through it"
+        "\n## decode steps of a few requests (context 740 each, nothing shared), native backend: the layers one"
+        " by one without the native few-row product (oneDNN's packed weights, MKL's F.linear for one row and"
+        " o_proj; bf16 widened to fp32 where the CPU has no bf16 arithmetic) or in one call through it"
     )
     print("| requests | dtype | without it ms | native ms | speed-up | max abs diff of the logits |")
     print("|---|---|---|---|---|---|")
     path = embedded_model_path()
     weights = list(iter_weights(path, load_model_config(path)))
-    for requests in (1, 4, 8, 16):
+    for requests in (1, 2, 4, 8, 16, 32):
         w = Workload(groups=requests, per_group=1, shared=700)
         for label, dtype in DTYPES.items():
-            runners = {name: decode_runner("native", dtype, w, weights) for name in ("blas", "native")}
+            runners = {
+                name: decode_runner("native", dtype, w, weights, in_one_call=True) for name in ("blas", "native")
+            }
             prepare_linears(runners["blas"].model, prepack=True, matvec=None, matvec_rows=0)
+            ops = runners["native"].attention.layer_ops
+            prepare_linears(runners["native"].model, prepack=True, matvec=ops.matvec, matvec_rows=32)
             batch = decode_batch(w, runners["blas"].model_config.vocab_size)
             with torch.inference_mode():
                 times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)

@@ -14,6 +14,7 @@ prompts still equal transformers'); ``--disable-weight-prepack`` turns prepackin
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from functools import cache
 
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixcluster.cpu_info import cpuinfo_field, cpuinfo_text
 from radixcluster.kernels.layer_ops import Matvec
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,8 @@ logger = logging.getLogger(__name__)
 # time (benchmarks/bench_linear.py, docs/BENCHMARKS.md "Linear layers"), a step's linear work
 # ran 0.87x packed at 1 row (MKL's gemv), 1.5-1.8x at 2-8, 1.2x at 32, 1.1x at 64-128 and
 # 0.93-0.95x from 256 to 2048; on the AMX Xeon of the profile 2.07x at 7 rows, 1.46x at 32,
-# 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x).
+# 0.75x at 2048 (bf16 1.33x, 1.12x, 0.48x). On an AMD CPU with AVX-512 it serves every row
+# count from PACKED_MIN_ROWS (``packed_max_rows``).
 PACKED_MIN_ROWS = 2
 PACKED_MAX_ROWS = 128
 # The batch size oneDNN chooses the blocked layout for (its "probe" M).
@@ -66,16 +69,28 @@ def cpu_has_bf16_arithmetic() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
+@cache
+def packed_max_rows() -> int:
+    """The most rows a packed weight serves: PACKED_MAX_ROWS, or every row count on an AMD CPU
+    with AVX-512. MKL's sgemm, behind F.linear, is Intel's; on the AVX-512 EPYC (Zen 4) oneDNN's
+    packed product was faster at every size: a step's fp32 linear work 1.45x at 256 rows, 1.28x
+    at 512 and 1.21x at 2,048, bf16 1.02-1.04x (2 threads, wall time; docs/BENCHMARKS.md "Few
+    rows on an AVX-512 EPYC"), where Intel's AMX Xeon ran 0.75x at 2,048."""
+    amd = cpuinfo_field("vendor_id", cpuinfo_text()) == "AuthenticAMD"
+    return sys.maxsize if amd and torch.cpu._is_avx512_supported() else PACKED_MAX_ROWS
+
+
 @dataclass(frozen=True, slots=True)
 class FastLinear:
     """A layer's faster paths: ``matvec`` (the native product) serves 1 to ``matvec_rows``
-    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to PACKED_MAX_ROWS rows; ``widen``: the other
+    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to ``packed_rows`` rows; ``widen``: the other
     row counts compute on float32 copies of the bfloat16 operands."""
 
     packed: torch.Tensor | None = None
     matvec: Matvec | None = None
     matvec_rows: int = 1
     widen: bool = False
+    packed_rows: int = PACKED_MAX_ROWS
 
 
 def linear(
@@ -88,7 +103,7 @@ def linear(
         if rows <= fast.matvec_rows and fast.matvec is not None:
             out = fast.matvec(x, weight)
             return out if bias is None else out.add_(bias)
-        if fast.packed is not None and PACKED_MIN_ROWS <= rows <= PACKED_MAX_ROWS:
+        if fast.packed is not None and PACKED_MIN_ROWS <= rows <= fast.packed_rows:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), fast.packed, bias, "none", [], "")
         if fast.widen:
             wide_bias = None if bias is None else bias.float()
@@ -98,7 +113,7 @@ def linear(
 
 def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matvec_rows: int) -> int:
     """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights, ``matvec`` for up to ``matvec_rows`` rows (a
+    and it has at least PACK_MIN_PARAMS weights (for up to ``packed_max_rows()`` rows), ``matvec`` for up to ``matvec_rows`` rows (a
     bfloat16 weight that oneDNN packs: one row), and widening where the weight is bfloat16 and
     the CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
     cannot run the model's dtype here)."""
@@ -114,6 +129,6 @@ def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matv
         rows = 1 if packed is not None and bf16 else matvec_rows
         widen = bf16 and not cpu_has_bf16_arithmetic()
         useful = packed is not None or matvec is not None or widen
-        fast = FastLinear(packed, matvec, rows, widen) if useful else None
+        fast = FastLinear(packed, matvec, rows, widen, packed_max_rows()) if useful else None
         setattr(module, "fast", fast)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
     return total

@@ -6,28 +6,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from radixcluster.cpu_info import CPUINFO, cpuinfo_field, cpuinfo_text
+
 # flags of /proc/cpuinfo that decide which CPU kernels run
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
-def _cpuinfo_field(name: str, cpuinfo: str) -> str:
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return ""
-
-
-def cpu_model(cpuinfo_path: Path = Path("/proc/cpuinfo")) -> str:
+def cpu_model(cpuinfo_path: Path = CPUINFO) -> str:
     """``"AMD EPYC, 2 CPUs (avx2)"``: the model name, the CPUs this process may use and the
     vector extensions of VECTOR_FLAGS that the CPU has."""
-    try:
-        cpuinfo = cpuinfo_path.read_text()
-    except OSError:
+    cpuinfo = cpuinfo_text(cpuinfo_path)
+    if not cpuinfo:
         return "unknown CPU"
-    flags = set(_cpuinfo_field("flags", cpuinfo).split())
+    flags = set(cpuinfo_field("flags", cpuinfo).split())
     present = [flag for flag in VECTOR_FLAGS if flag in flags] or ["no AVX2"]
-    return f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs ({', '.join(present)})"
+    return f"{cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs ({', '.join(present)})"
 
 
 def load_average(loadavg_path: Path = Path("/proc/loadavg")) -> str:

@@ -23,6 +23,7 @@ from radixcluster.worker.packed_linear import (
     cpu_has_bf16_arithmetic,
     linear,
     pack_weight,
+    packed_max_rows,
     prepare_linears,
 )
 from radixcluster.worker.parallel import TPGroup
@@ -42,6 +43,15 @@ def test_packed_float32_linear_equals_f_linear(rows, with_bias):
     assert packed is not None  # oneDNN runs float32 on every x86-64 CPU torch supports
     got = linear(x, weight, FastLinear(packed), bias)
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_weight_serves_up_to_its_packed_rows_and_f_linear_beyond():
+    generator = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(96, 80, generator=generator), torch.randn(300, 80, generator=generator)
+    packed = pack_weight(weight)
+    onednn = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    assert torch.equal(linear(x, weight, FastLinear(packed, packed_rows=300)), onednn)
+    assert torch.equal(linear(x, weight, FastLinear(packed, packed_rows=299)), F.linear(x, weight))
 
 
 def test_bf16_packs_only_where_onednn_runs_it():
@@ -79,6 +89,7 @@ def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     model = LlamaForCausalLM(config, TPGroup())
     packed_bytes = prepare_linears(model, prepack=True, matvec=None, matvec_rows=0)
     packed = {name for name, module in model.named_modules() if getattr(module, "fast", None) is not None}
+    assert all(model.get_submodule(name).fast.packed_rows == packed_max_rows() for name in packed)
     layer = "model.layers.0."
     # SmolLM2: qkv 960 x 576, gate_up 3072 x 576, down 576 x 1536 and the LM head are large enough;
     # o_proj (576 x 576) stays on F.linear
