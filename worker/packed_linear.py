@@ -28,10 +28,7 @@ from radixcluster.kernels.layer_ops import Matvec
 logger = logging.getLogger(__name__)
 
 # Where oneDNN cannot pack bfloat16 (the AVX2 EPYC) the native product ran ~4x faster than F.linear
-# at 8-512 rows. Where it packs bfloat16 (AVX-512 with bf16 dot products, AMX) the native product
-# serves bfloat16 only its one-row steps: on the AVX-512 EPYC it was 1.56x faster at 1 row, 1.07x
-# at 2-4 and 0.82-0.49x at 8-32 (benchmarks/bench_few_rows.py, docs/BENCHMARKS.md "Few rows on an
-# AVX-512 EPYC").
+# at 8-512 rows. Where it packs bfloat16 it serves fewer rows (``packed_bf16_matvec_rows``).
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
 # time (benchmarks/bench_linear.py, docs/BENCHMARKS.md "Linear layers"), a step's linear work
@@ -80,6 +77,16 @@ def packed_max_rows() -> int:
     return sys.maxsize if amd and torch.cpu._is_avx512_supported() else PACKED_MAX_ROWS
 
 
+@cache
+def packed_bf16_matvec_rows() -> int:
+    """Up to how many rows the native product serves a bfloat16 weight that oneDNN packs: 8, or 1
+    on a CPU with AMX. On the AVX-512 EPYC (AVX-512 BF16, no AMX) the product alone was 1.56x
+    faster than oneDNN's at 1 row, 1.07x at 2-4 and 0.82-0.49x at 8-32, and a whole decode step in
+    one native call 1.22x at 2 rows, 1.06-1.09x at 8 and 0.90x at 16 (docs/BENCHMARKS.md "Few rows
+    on an AVX-512 EPYC"); AMX was not measured against it beyond one row."""
+    return 1 if torch.cpu._is_amx_tile_supported() else 8
+
+
 @dataclass(frozen=True, slots=True)
 class FastLinear:
     """A layer's faster paths: ``matvec`` (the native product) serves 1 to ``matvec_rows``
@@ -113,9 +120,10 @@ def linear(
 
 def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matvec_rows: int) -> int:
     """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights (for up to ``packed_max_rows()`` rows), ``matvec`` for up to ``matvec_rows`` rows (a
-    bfloat16 weight that oneDNN packs: one row), and widening where the weight is bfloat16 and
-    the CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
+    and it has at least PACK_MIN_PARAMS weights (for up to ``packed_max_rows()`` rows),
+    ``matvec`` for up to ``matvec_rows`` rows (for a bfloat16 weight that oneDNN packs,
+    ``packed_bf16_matvec_rows()`` at most), and widening where the weight is bfloat16 and the
+    CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
     cannot run the model's dtype here)."""
     total = 0
     for module in model.modules():
@@ -126,7 +134,7 @@ def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matv
         if packed is not None:
             total += weight.numel() * weight.element_size()
         bf16 = weight.dtype == torch.bfloat16
-        rows = 1 if packed is not None and bf16 else matvec_rows
+        rows = min(matvec_rows, packed_bf16_matvec_rows()) if packed is not None and bf16 else matvec_rows
         widen = bf16 and not cpu_has_bf16_arithmetic()
         useful = packed is not None or matvec is not None or widen
         fast = FastLinear(packed, matvec, rows, widen, packed_max_rows()) if useful else None
