@@ -1,8 +1,9 @@
 """What linear layers compute with besides ``F.linear``: the native few-row product
 (``kernels/csrc/matvec.cpp``), for the decode steps of a few requests (how many depends on the
-instruction set: ``native_ops.MATVEC_ROWS``), where MKL's gemv reads the weight at about half the
-memory bandwidth and oneDNN's packed product runs slower; oneDNN's prepacked copy of a weight, for the batches above that, where
-MKL's ``F.linear`` spends much of each call repacking the weight; and, for bfloat16 on a CPU
+instruction set: ``native_ops.MATVEC_ROWS``), where MKL's gemv reads the weight at about half
+the memory bandwidth and oneDNN's packed product runs slower; oneDNN's prepacked copy of a
+weight, for the batches above that, where MKL's ``F.linear`` spends much of each call
+repacking the weight; and, for bfloat16 on a CPU
 without bfloat16 arithmetic, the product of the operands widened to float32, which MKL's
 sgemm computes 2-7x faster than its emulated bfloat16 kernels.
 
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 # Where oneDNN cannot pack bfloat16 (the AVX2 EPYC) the native product ran ~4x faster than F.linear
 # at 8-512 rows. Where it packs bfloat16 it serves fewer rows (``packed_bf16_matvec_rows``).
+
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
 # time (benchmarks/bench_linear.py, docs/BENCHMARKS.md "Linear layers"), a step's linear work
