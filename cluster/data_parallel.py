@@ -23,7 +23,7 @@ import httpx
 from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _join_or_kill, _start_process
 from radixcluster.model_path import resolve_model_path
 from radixcluster.process_tree import kill_survivors, started_processes
-from radixcluster.ray_cluster import RayPlacementError
+from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
 
@@ -43,10 +43,6 @@ REPLICA_OWN_FLAGS = (
 )
 MAX_RESTARTS = 5  # per replica; a replica that keeps dying ends the whole command
 READY_TIMEOUT_S = 120
-
-
-class _Stop(Exception):
-    """SIGTERM or Ctrl-C arrived while starting."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,7 +100,7 @@ class DataParallelLauncher:
                     flush=True,
                 )
             return self._supervise()
-        except _Stop:
+        except StopRequested:
             return 0
         finally:
             self._stop()
@@ -114,11 +110,9 @@ class DataParallelLauncher:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, *_: object) -> None:
-        first = not self.stopping.is_set()
+        # as Launcher._on_signal: the start-up looks at it, and gives up before the gateway exists;
+        # once it exists it may hold requests, and the stop drains them
         self.stopping.set()
-        # as Launcher._on_signal: once the gateway exists it may hold requests, and the stop drains them
-        if first and self.gateway is None:
-            raise _Stop
 
     def _start(self) -> list[str]:
         from radixcluster import ray_cluster
@@ -134,6 +128,8 @@ class DataParallelLauncher:
         from radixcluster.replica_actor import ReplicaProcess
 
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
+        if self.stopping.is_set():
+            raise StopRequested
         use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         ips = replica_nodes(ray.nodes(), args.dp_size, args.tp_size, use_gpu, ray.util.get_node_ip_address())
         actor_cls = ray.remote(ReplicaProcess)
@@ -147,7 +143,7 @@ class DataParallelLauncher:
             )
             for ip in ips
         ]
-        urls = ray.get([actor.start.remote() for actor in self.actors])
+        urls = ray_cluster.get_or_stop([actor.start.remote() for actor in self.actors], self.stopping)
         self.gateway = _start_process(
             run_gateway,
             GatewayConfig(

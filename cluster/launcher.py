@@ -27,6 +27,7 @@ from radixcluster.model_config import load_model_config
 from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.process_tree import fork_into_own_group, kill_survivors, run_child, started_processes
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
+from radixcluster.ray_cluster import StopRequested
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("radixcluster")
 
+ROUTER_READY_S = 120
 STOP_GRACE_S = 15  # a process gets this long to exit once told to (the api: after its drain) before SIGKILL
 SURVIVOR_GRACE_S = 3
 
@@ -73,10 +75,6 @@ def _attention_backend(requested: str, device: str) -> tuple[str, str]:
     return "native", f"attention native ({isa} kernels)"
 
 
-class _StopDuringStartup(Exception):
-    """SIGTERM or Ctrl-C arrived while the replica was still starting."""
-
-
 class Launcher:
     """Owns every process of one replica."""
 
@@ -100,7 +98,7 @@ class Launcher:
                 print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
             failed = self._supervise(router, api)
             return 1 if failed else 0
-        except _StopDuringStartup:
+        except StopRequested:
             return 0
         finally:
             self._stop(drain=not failed)
@@ -110,15 +108,17 @@ class Launcher:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, *_) -> None:
-        first = not self.stopping.is_set()
-        if not first and self.api is not None:
-            self._signal_api(signal.SIGINT)  # a second signal: the api ends its drain now
+        """Only sets ``stopping`` (raising here would surface inside Ray's calls as a SystemError):
+        the start-up checks it between its steps and while it waits, and gives up before the api
+        exists; once it exists (it may answer /health, and so take requests, before this process
+        sees it ready) the stop drains. A second signal ends the api's drain at once."""
+        if self.stopping.is_set() and self.api is not None:
+            self._signal_api(signal.SIGINT)
         self.stopping.set()
-        # Until the api exists nothing can hold a request: the first signal interrupts loading
-        # wherever it blocks. Once it exists (it may answer /health, and so take requests, before
-        # this process sees it ready) the stop drains; a later signal never unwinds the stop itself.
-        if first and self.api is None:
-            raise _StopDuringStartup
+
+    def _check_stop(self) -> None:
+        if self.stopping.is_set():
+            raise StopRequested
 
     def _start(self) -> tuple[BaseProcess, BaseProcess]:
         """Start every process (each is also kept on self, so a stop mid-start stops it)."""
@@ -136,8 +136,10 @@ class Launcher:
             file=sys.stderr,
             flush=True,
         )
+        self._check_stop()
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
+        self._check_stop()
         self.workers = workers = ray_cluster.start_workers(
             self._worker_configs(plan, generation=0), use_gpu=plan.device == "cuda"
         )
@@ -151,10 +153,16 @@ class Launcher:
         self.router_control, child = mp.get_context("spawn").Pipe()
         self.router = router = _start_process(run_router, self._router_config(plan), addresses, child)
         child.close()  # the router's end: once the router is gone, our end reads EOF
-        ray_cluster.load_and_serve(workers)
+        ray_cluster.load_and_serve(workers, self.stopping)
         self.group_up = True
-        if not self.router_control.poll(120) or not isinstance(decode(self.router_control.recv_bytes()), RouterReady):
+        deadline = time.monotonic() + ROUTER_READY_S
+        while not self.router_control.poll(ray_cluster.STOP_POLL_S):
+            self._check_stop()
+            if time.monotonic() > deadline:
+                raise RuntimeError("the router process did not come up")
+        if not isinstance(decode(self.router_control.recv_bytes()), RouterReady):
             raise RuntimeError("the router process did not come up")
+        self._check_stop()
         self.api = api = _start_process(
             run_api_server,
             ApiConfig(
@@ -304,7 +312,9 @@ class Launcher:
         self.group_up = False
         self.workers = ray_cluster.replace_workers(old, self._worker_configs(self.plan, old.generation + 1))
         try:
-            ray_cluster.load_and_serve(self.workers)
+            ray_cluster.load_and_serve(self.workers, self.stopping)
+        except ray_cluster.StopRequested:
+            return
         except Exception as exc:  # a rank that died or raised while loading
             self._group_down(f"the new group did not start: {ray_cluster.first_line(exc)}")
             return

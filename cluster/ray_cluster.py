@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +18,31 @@ logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 60
 KILL_GRACE_S = 2  # a rank Ray was told to kill and that still runs after this gets SIGKILL
 KILL_WAIT_S = 10  # a killed rank's process is gone within this (SIGKILL, reaped by Ray's raylet)
+STOP_POLL_S = 0.5  # how often a wait on Ray looks for a stop request
 
 
 class RayPlacementError(RuntimeError):
     """The Ray cluster cannot host this TP group."""
+
+
+class StopRequested(Exception):
+    """SIGTERM or Ctrl-C came while the command waited on Ray."""
+
+
+def get_or_stop(refs: list[Any], stopping: threading.Event) -> list[Any]:
+    """``ray.get(refs)``, given up with StopRequested once ``stopping`` is set; the first failure
+    is raised as soon as it is known (not after the others' timeouts). The launchers' signal
+    handlers only set the event: an exception raised from a handler inside Ray's blocking calls
+    comes out as a SystemError, or is lost."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        if stopping.is_set():
+            raise StopRequested
+        done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
+        ray.get(done)
+    return ray.get(list(refs))
 
 
 @dataclass(slots=True)
@@ -168,18 +190,13 @@ def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> N
         raise RayPlacementError(f"the Ray node {node[5:]} cannot host --tp-size {tp_size}: it needs {need}")
 
 
-def load_and_serve(workers: RayWorkers) -> None:
+def load_and_serve(workers: RayWorkers, stopping: threading.Event) -> None:
     """Load every rank's shard (concurrently: they rendezvous), then start their serving loops,
     whose object refs go to ``workers.serve_refs`` (one finishing means its rank stopped).
-    Raises what a rank's start raised (a Ray error when its process died)."""
-    import ray
-
-    workers.pids = ray.get([actor.pid.remote() for actor in workers.actors])
-    port = ray.get(workers.actors[0].open_rendezvous.remote())
-    pending = [actor.load.remote(port) for actor in workers.actors]
-    while pending:  # the first failure, not the others' rendezvous timeout with the failed rank
-        done, pending = ray.wait(pending, num_returns=1)
-        ray.get(done[0])
+    Raises what a rank's start raised (a Ray error when its process died), or StopRequested."""
+    workers.pids = get_or_stop([actor.pid.remote() for actor in workers.actors], stopping)
+    [port] = get_or_stop([workers.actors[0].open_rendezvous.remote()], stopping)
+    get_or_stop([actor.load.remote(port) for actor in workers.actors], stopping)
     workers.serve_refs = [actor.serve.remote() for actor in workers.actors]
 
 

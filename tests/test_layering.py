@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.package_tree import REPO, modules, package_dirs
 
-# The vocabulary every process shares: the wire protocol and what a model is.
+# The vocabulary every process shares: the wire protocol, what a model is, what the CPU is.
 VOCABULARY = (
     "radixcluster.protocol",
     "radixcluster.model_config",
@@ -18,6 +18,7 @@ VOCABULARY = (
     "radixcluster.block_hash",
     "radixcluster.cache_info_fields",
     "radixcluster.gguf_file",
+    "radixcluster.cpu_info",
 )
 
 
@@ -66,6 +67,7 @@ RULES = (
     Rule("radixcluster.model_config", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
     Rule("radixcluster.model_path", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
     Rule("radixcluster.block_hash", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
+    Rule("radixcluster.cpu_info", VOCABULARY, "the vocabulary depends on nothing above it", torch=False),
 )
 
 
