@@ -116,10 +116,6 @@ class Launcher:
             self._signal_api(signal.SIGINT)
         self.stopping.set()
 
-    def _check_stop(self) -> None:
-        if self.stopping.is_set():
-            raise StopRequested
-
     def _start(self) -> tuple[BaseProcess, BaseProcess]:
         """Start every process (each is also kept on self, so a stop mid-start stops it)."""
         from radixcluster import ray_cluster
@@ -136,10 +132,10 @@ class Launcher:
             file=sys.stderr,
             flush=True,
         )
-        self._check_stop()
+        ray_cluster.check_stop(self.stopping)
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
         self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
-        self._check_stop()
+        ray_cluster.check_stop(self.stopping)
         self.workers = workers = ray_cluster.start_workers(
             self._worker_configs(plan, generation=0), use_gpu=plan.device == "cuda"
         )
@@ -157,12 +153,12 @@ class Launcher:
         self.group_up = True
         deadline = time.monotonic() + ROUTER_READY_S
         while not self.router_control.poll(ray_cluster.STOP_POLL_S):
-            self._check_stop()
+            ray_cluster.check_stop(self.stopping)
             if time.monotonic() > deadline:
                 raise RuntimeError("the router process did not come up")
         if not isinstance(decode(self.router_control.recv_bytes()), RouterReady):
             raise RuntimeError("the router process did not come up")
-        self._check_stop()
+        ray_cluster.check_stop(self.stopping)
         self.api = api = _start_process(
             run_api_server,
             ApiConfig(

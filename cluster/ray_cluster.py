@@ -29,6 +29,12 @@ class StopRequested(Exception):
     """SIGTERM or Ctrl-C came while the command waited on Ray."""
 
 
+def check_stop(stopping: threading.Event) -> None:
+    """StopRequested once ``stopping`` is set (the launchers look between their start-up steps)."""
+    if stopping.is_set():
+        raise StopRequested
+
+
 def get_or_stop(refs: list[Any], stopping: threading.Event) -> list[Any]:
     """``ray.get(refs)``, given up with StopRequested once ``stopping`` is set; the first failure
     is raised as soon as it is known (not after the others' timeouts). The launchers' signal
@@ -38,8 +44,7 @@ def get_or_stop(refs: list[Any], stopping: threading.Event) -> list[Any]:
 
     pending = list(refs)
     while pending:
-        if stopping.is_set():
-            raise StopRequested
+        check_stop(stopping)
         done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
         ray.get(done)
     return ray.get(list(refs))

@@ -16,7 +16,7 @@ import pytest
 
 from radixcluster.data_parallel import DataParallelLauncher
 from radixcluster.launcher import Launcher
-from radixcluster.ray_cluster import StopRequested
+from radixcluster.ray_cluster import StopRequested, check_stop
 from radixcluster.server_args import ServerArgs
 
 
@@ -32,12 +32,12 @@ def own_handlers() -> Iterator[None]:
 def test_a_signal_while_loading_is_a_stop_the_start_up_finds_at_its_next_check(own_handlers: None) -> None:
     launcher = Launcher(ServerArgs())
     launcher._handle_signals()
-    launcher._check_stop()
+    check_stop(launcher.stopping)
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGINT)  # neither raises where it lands
     assert launcher.stopping.is_set()
     with pytest.raises(StopRequested):
-        launcher._check_stop()
+        check_stop(launcher.stopping)
 
 
 def test_once_the_api_exists_a_signal_drains_and_a_second_ends_the_drain(own_handlers: None) -> None:
