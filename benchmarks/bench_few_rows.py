@@ -1,4 +1,4 @@
-"""A decode step's linear work at a few rows: the native few-row product (kernels/csrc/matvec.cpp)
+"""A decode step's linear work at a few rows: the native product (kernels/csrc/matvec.cpp, its weights blocked)
 against what serves those rows without it (oneDNN's packed weight for 2 to 128 rows where the
 layer has one, else F.linear: MKL's gemv at one row), on SmolLM2's 30 layers and LM head,
 every weight its own tensor so that each is read from memory as in a real step; in bfloat16
@@ -21,7 +21,7 @@ import torch
 
 from radixcluster.bench.machine import cpu_model, load_average
 from radixcluster.kernels import native
-from radixcluster.kernels.native_ops import native_matvec
+from radixcluster.kernels.native_ops import native_block_weight, native_matvec
 from radixcluster.worker.packed_linear import PACK_MIN_PARAMS, FastLinear, linear, pack_weight
 
 # SmolLM2-135M, [out, in]: qkv_proj, o_proj, gate_up_proj, down_proj (each in 30 layers), the LM head
@@ -55,7 +55,10 @@ def main() -> None:
     weights = [(torch.randn(shape, generator=generator) * 0.02).to(dtype) for shape in SHAPES]
     paths = {
         "blas": [FastLinear(pack_weight(w) if w.numel() >= PACK_MIN_PARAMS else None) for w in weights],
-        "native": [FastLinear(matvec=native_matvec, matvec_rows=max(args.rows)) for _ in weights],
+        "native": [
+            FastLinear(matvec=native_matvec, blocked=native_block_weight(w), matvec_rows=max(args.rows))
+            for w in weights
+        ],
     }
     if dtype != torch.float32:
         paths["widened"] = [FastLinear(widen=True) for _ in weights]

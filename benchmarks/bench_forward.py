@@ -180,9 +180,9 @@ def run_few(repeats: int) -> None:
             runners = {
                 name: decode_runner("native", dtype, w, weights, in_one_call=True) for name in ("blas", "native")
             }
-            prepare_linears(runners["blas"].model, prepack=True, matvec=None, matvec_rows=0)
             ops = runners["native"].attention.layer_ops
-            prepare_linears(runners["native"].model, prepack=True, matvec=ops.matvec, matvec_rows=32)
+            prepare_linears(runners["blas"].model, prepack=True, ops=dataclasses.replace(ops, matvec=None))
+            prepare_linears(runners["native"].model, prepack=True, ops=dataclasses.replace(ops, matvec_rows=32))
             batch = decode_batch(w, runners["blas"].model_config.vocab_size)
             with torch.inference_mode():
                 times = alternating({name: partial(r.forward, batch) for name, r in runners.items()}, repeats)

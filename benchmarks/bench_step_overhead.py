@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -60,7 +61,7 @@ def tiny_runner(directory: Path, batch: int) -> ModelRunner:
 def set_fast_linears(runner: ModelRunner, fast: bool) -> None:
     """The runner's own fast linear paths, or none (F.linear throughout)."""
     ops = runner.attention.layer_ops
-    prepare_linears(runner.model, fast and runner.config.prepack_weights, ops.matvec if fast else None, ops.matvec_rows)
+    prepare_linears(runner.model, fast and runner.config.prepack_weights, ops if fast else replace(ops, matvec=None))
 
 
 def decode_step_ms(runner: ModelRunner, batch: int, steps: int, profile: bool) -> float:

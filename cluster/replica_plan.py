@@ -73,8 +73,11 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 
 def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together),
-    at most: the workers leave small weights unpacked."""
-    return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
+    at most: one copy (the native product's layout, or oneDNN's where the native kernels are not
+    loaded), two of a bfloat16 weight (the native product serves it only a few rows, oneDNN's
+    copy the rest)."""
+    copies = 2 if dtype_bytes == 2 else 1
+    return copies * (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
 
 
 def _layer_linear_params(cfg: ModelConfig) -> int:

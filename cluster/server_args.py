@@ -177,7 +177,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable-weight-prepack",
         action="store_true",
-        help="CPU: no oneDNN-prepacked copy of the linear weights (it speeds up decode-sized batches and doubles weight memory)",
+        help="CPU: no prepacked copy of the linear weights (the native kernels' blocked layout, or oneDNN's; it speeds up decode steps and doubles weight memory)",
     )
     parser.add_argument(
         "--api-key",

@@ -69,7 +69,7 @@ def _native(kind: str, head_dim: int, required: bool) -> AttentionBackend:
     from radixcluster.kernels.native_attention import native_paged_attention
     from radixcluster.kernels.native_ops import native_layer_ops, native_store_kv
 
-    return AttentionBackend("native", native_store_kv, native_paged_attention, False, native_layer_ops(isa), isa)
+    return AttentionBackend("native", native_store_kv, native_paged_attention, False, native_layer_ops(), isa)
 
 
 def _triton(kind: str) -> AttentionBackend:

@@ -1,6 +1,6 @@
 """The steps of a decoder layer besides attention as one set: the elementwise ones (RMSNorm with
 or without the residual add, rotary embedding followed by the K/V store, SiLU·mul) and a
-linear layer's one-row product. ``torch_layer_ops`` is the reference composition (F.linear
+linear layer's few-row product. ``torch_layer_ops`` is the reference composition (F.linear
 does its products); ``native_ops.native_layer_ops`` fuses each step into one kernel."""
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from radixcluster.kernels.norm import add_rms_norm, rms_norm
 from radixcluster.kernels.rotary import apply_rotary
 
 StoreKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-# out [1, n] = x [1, k] @ weight [n, k]^T
+# out [m, n] = x [m, k] @ weight [n, k]^T, the weight in the product's own layout (BlockWeight)
 Matvec = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# a weight [n, k] in that layout, or None where the product cannot take it
+BlockWeight = Callable[[torch.Tensor], torch.Tensor | None]
 RopeAndStore = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor
 ]
@@ -54,12 +56,14 @@ class LayerOps:
     ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
 
     ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear),
-    up to ``matvec_rows`` rows, beyond which the packed weights or F.linear are faster.
+    on their weights laid out by ``block_weight``; ``matvec_rows``: up to how many rows
+    ``decoder_layers`` runs a step (and the layers use ``matvec`` where the worker's
+    ``packed_linear`` has no wider window for this CPU).
 
     ``decoder_layers(x, weights, cos, sin, k_caches, v_caches, meta, num_heads, num_kv_heads,
     scale, eps)``: every layer of the step in one call, for a model whose linear products all
     go through ``matvec`` (one rank, no biases), ``weights`` six a layer (input norm, qkv, o,
-    post-attention norm, gate_up, down); returns what the layers one by one return, the last
+    post-attention norm, gate_up, down; the four products' as ``block_weight`` lays them out); returns what the layers one by one return, the last
     one's output and the residual stream (``x`` is overwritten). None: layer by layer."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -67,6 +71,7 @@ class LayerOps:
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     rope_and_store: RopeAndStore
     matvec: Matvec | None = None
+    block_weight: BlockWeight | None = None
     decoder_layers: DecoderLayers | None = None
     matvec_rows: int = 0
 

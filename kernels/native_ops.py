@@ -1,4 +1,4 @@
-"""The native kernels' K/V store, fused layer steps and one-row linear product
+"""The native kernels' K/V store, fused layer steps and few-row linear product
 (``torch.ops.radixcluster``; load them with ``native.load()`` first). Each matches its torch
 reference in ``layer_ops``/``attention``."""
 
@@ -53,11 +53,23 @@ def _rope_and_store(
     return qkv[:, : num_heads * head_dim].view(qkv.shape[0], num_heads, head_dim)
 
 
-def native_matvec(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` for a few rows ``x`` ``[m, k]``; summed in another order, so fp32
-    results differ in the last bits."""
-    out = x.new_empty(x.shape[0], weight.shape[0])
-    torch.ops.radixcluster.matvec(x.contiguous(), weight, out)
+def native_block_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` ``[n, k]`` in the native product's layout ``[n / B, k, B]`` (B output features
+    side by side, the kernels' ``matvec_block``: their vector width), or None where B does not
+    divide n."""
+    block = int(torch.ops.radixcluster.matvec_block())
+    n, k = weight.shape
+    if n % block:
+        return None
+    return weight.detach().view(n // block, block, k).transpose(1, 2).contiguous()
+
+
+def native_matvec(x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` for the rows ``x`` ``[m, k]``, ``blocked`` being
+    ``native_block_weight(weight)``; summed in another order, so fp32 results differ in the
+    last bits."""
+    out = x.new_empty(x.shape[0], blocked.shape[0] * blocked.shape[2])
+    torch.ops.radixcluster.matvec(x.contiguous(), blocked, out)
     return out
 
 
@@ -95,26 +107,23 @@ def native_decoder_layers(
     return x, residual
 
 
-# The most rows the native product serves, by the kernels' instruction set: where a whole decode
-# step (SmolLM2, 2 threads) stops running faster through it, in one native call, than layer by layer
-# on oneDNN's packed weights. The AVX2 EPYC (benchmarks/bench_few_rows.py, docs/BENCHMARKS.md
-# "Decode steps of a few requests"): the step's linear work 1.84x faster at 1 row, 1.3-1.5x at 2-8,
-# 1.26x at 16, 1.16x at 32, 1.12x at 64, and one call another 1.12x at 32. The AVX-512 EPYC (Zen 4,
-# docs/BENCHMARKS.md "Few rows on an AVX-512 EPYC"), where oneDNN's product runs on AVX-512 too:
-# the step 1.44x at 2 rows, 1.19x at 4, 1.10x at 8, 1.11x at 16, 0.96x at 32 (0.85x with AVX2's
-# tile of 3 x 4 sums).
-MATVEC_ROWS = {"avx512bf16": 16, "avx512": 16}
-MATVEC_ROWS_ELSE = 32
+# Up to how many rows a step runs its layers in one native call (where every layer's product is
+# the native one): the Python between the kernels costs ~0.1 ms a layer. On the AVX-512 EPYC
+# (benchmarks/bench_forward.py --sections layers, the blocked product) one call was 1.17x faster
+# at 1 row, 1.31x at 4 and 1.09x at 32 (fp32); on the AVX2 EPYC, with the row-major product of
+# before, 1.12x at 32.
+MATVEC_ROWS = 32
 
 
-def native_layer_ops(isa: str) -> LayerOps:
-    """The fused steps, the few-row product and the layers in one call, on kernels of ``isa``."""
+def native_layer_ops() -> LayerOps:
+    """The fused steps, the few-row product and the layers in one call, on the loaded kernels."""
     return LayerOps(
         _rms_norm,
         _add_rms_norm,
         _silu_and_mul,
         _rope_and_store,
         native_matvec,
+        native_block_weight,
         native_decoder_layers,
-        MATVEC_ROWS.get(isa, MATVEC_ROWS_ELSE),
+        MATVEC_ROWS,
     )

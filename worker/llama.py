@@ -178,9 +178,10 @@ class LlamaForCausalLM(nn.Module):
         at_once = first.self_attn.attention.layer_ops.decoder_layers
         if at_once is None or self.tp.size > 1 or first.self_attn.qkv_proj.bias is not None:
             return None
-        linears = (first.self_attn.qkv_proj, first.self_attn.o_proj, first.mlp.gate_up_proj, first.mlp.down_proj)
-        for linear in linears:
-            if linear.fast is None or linear.fast.matvec is None or rows > linear.fast.matvec_rows:
+        if rows > first.self_attn.attention.layer_ops.matvec_rows:
+            return None
+        for linear in _linears(first):
+            if linear.fast is None or linear.fast.blocked is None or rows > linear.fast.matvec_rows:
                 return None
         return at_once
 
@@ -189,18 +190,11 @@ class LlamaForCausalLM(nn.Module):
 
     def _weights(self) -> list[torch.Tensor]:
         if self._layer_weights is None:
-            self._layer_weights = [
-                w
-                for layer in cast(Iterable[LlamaDecoderLayer], self.model.layers)
-                for w in (
-                    layer.input_layernorm.weight,
-                    layer.self_attn.qkv_proj.weight,
-                    layer.self_attn.o_proj.weight,
-                    layer.post_attention_layernorm.weight,
-                    layer.mlp.gate_up_proj.weight,
-                    layer.mlp.down_proj.weight,
-                )
-            ]
+            self._layer_weights = []
+            for layer in cast(Iterable[LlamaDecoderLayer], self.model.layers):
+                qkv, o, gate_up, down = (_blocked(linear) for linear in _linears(layer))
+                norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+                self._layer_weights += [norms[0], qkv, o, norms[1], gate_up, down]
         return self._layer_weights
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -240,3 +234,15 @@ def _checkpoint_names(param_name: str) -> list[str]:
     parent, _, leaf = module.rpartition(".")
     sources = [source for source, (merged, _) in PACKED_MODULES.items() if merged == leaf]
     return [f"{parent}.{source}.{kind}" for source in sources] or [param_name]
+
+
+def _linears(layer: LlamaDecoderLayer) -> tuple[MergedColumnParallelLinear | RowParallelLinear, ...]:
+    """A layer's four linear products, in the one-call path's order: qkv, o, gate_up, down."""
+    return layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
+
+
+def _blocked(linear: MergedColumnParallelLinear | RowParallelLinear) -> torch.Tensor:
+    """A linear layer's weight in the native product's layout (``_decoder_layers`` checked it has one)."""
+    blocked = linear.fast.blocked if linear.fast is not None else None
+    assert blocked is not None, "the one-call path runs only where every product has a blocked weight"
+    return blocked

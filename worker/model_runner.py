@@ -77,8 +77,7 @@ class ModelRunner:
                 weights if weights is not None else iter_weights(config.model_path, self.model_config)
             )
         if self.device.type == "cpu":
-            ops = self.attention.layer_ops
-            prepare_linears(self.model, config.prepack_weights, ops.matvec, ops.matvec_rows)
+            prepare_linears(self.model, config.prepack_weights, self.attention.layer_ops)
         self.kv_pool = KVPool(
             num_layers=self.model_config.num_layers,
             num_pages=config.num_pages,

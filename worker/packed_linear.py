@@ -1,15 +1,16 @@
-"""What linear layers compute with besides ``F.linear``: the native few-row product
-(``kernels/csrc/matvec.cpp``), for the decode steps of a few requests (how many depends on the
-instruction set: ``native_ops.MATVEC_ROWS``), where MKL's gemv reads the weight at about half
-the memory bandwidth and oneDNN's packed product runs slower; oneDNN's prepacked copy of a
-weight, for the batches above that, where MKL's ``F.linear`` spends much of each call
-repacking the weight; and, for bfloat16 on a CPU
-without bfloat16 arithmetic, the product of the operands widened to float32, which MKL's
-sgemm computes 2-7x faster than its emulated bfloat16 kernels.
+"""What linear layers compute with besides ``F.linear``: the native product
+(``kernels/csrc/matvec.cpp``) on a copy of the weight in its blocked layout, which reads the
+weight at nearly the memory's bandwidth for a decode step's few rows and, on the AVX-512 EPYC,
+beat oneDNN's packed product up to 2,048 rows (fp32); oneDNN's prepacked copy, where the native
+product does not serve (bfloat16 beyond a few rows, on a CPU with bfloat16 arithmetic) or the
+native kernels are not loaded; and, for bfloat16 on a CPU without bfloat16 arithmetic, the
+product of the operands widened to float32, which MKL's sgemm computes 2-7x faster than its
+emulated bfloat16 kernels.
 
 Measured with ``benchmarks/bench_linear.py`` and ``benchmarks/bench_few_rows.py``; oneDNN's
-and the matvec's float32 results are not bitwise MKL's (the greedy outputs of the reference
-prompts still equal transformers'); ``--disable-weight-prepack`` turns prepacking off.
+and the native product's float32 results are not bitwise MKL's (the greedy outputs of the
+reference prompts still equal transformers'); ``--disable-weight-prepack`` keeps one copy of
+every weight (F.linear, and widening).
 """
 
 from __future__ import annotations
@@ -24,12 +25,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixcluster.cpu_info import cpuinfo_field, cpuinfo_text
-from radixcluster.kernels.layer_ops import Matvec
+from radixcluster.kernels.layer_ops import LayerOps, Matvec
 
 logger = logging.getLogger(__name__)
 
 # Where oneDNN cannot pack bfloat16 (the AVX2 EPYC) the native product ran ~4x faster than F.linear
-# at 8-512 rows. Where it packs bfloat16 it serves fewer rows (``packed_bf16_matvec_rows``).
+# at 8-512 rows. Where the CPU has bfloat16 arithmetic, oneDNN's packed bfloat16 product (AVX-512
+# BF16's dot products) overtakes the native one, which widens to fp32, beyond 8 rows: on the
+# AVX-512 EPYC a step's linear work ran 2.17x faster natively at 1 row, 1.32x at 8, 0.71x at 16
+# and 0.57x at 256 (benchmarks/bench_few_rows.py --dtype bfloat16); AMX was measured only at 1 row.
+BF16_NATIVE_ROWS = 8
 
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
@@ -79,24 +84,25 @@ def packed_max_rows() -> int:
     return sys.maxsize if amd and torch.cpu._is_avx512_supported() else PACKED_MAX_ROWS
 
 
-@cache
-def packed_bf16_matvec_rows() -> int:
-    """Up to how many rows the native product serves a bfloat16 weight that oneDNN packs: 8, or 1
-    on a CPU with AMX. On the AVX-512 EPYC (AVX-512 BF16, no AMX) the product alone was 1.56x
-    faster than oneDNN's at 1 row, 1.07x at 2-4 and 0.82-0.49x at 8-32, and a whole decode step in
-    one native call 1.22x at 2 rows, 1.06-1.09x at 8 and 0.90x at 16 (docs/BENCHMARKS.md "Few rows
-    on an AVX-512 EPYC"); AMX was not measured against it beyond one row."""
-    return 1 if torch.cpu._is_amx_tile_supported() else 8
+def native_rows(dtype: torch.dtype) -> int:
+    """Up to how many rows the native product serves a layer: a bfloat16 weight on a CPU with
+    bfloat16 arithmetic BF16_NATIVE_ROWS (one with AMX; oneDNN's packed copy serves more), any
+    other weight every row count a packed weight would serve (``packed_max_rows()``)."""
+    if dtype == torch.bfloat16 and cpu_has_bf16_arithmetic():
+        return 1 if torch.cpu._is_amx_tile_supported() else BF16_NATIVE_ROWS
+    return packed_max_rows()
 
 
 @dataclass(frozen=True, slots=True)
 class FastLinear:
-    """A layer's faster paths: ``matvec`` (the native product) serves 1 to ``matvec_rows``
-    rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to ``packed_rows`` rows; ``widen``: the other
-    row counts compute on float32 copies of the bfloat16 operands."""
+    """A layer's faster paths: ``matvec`` (the native product, on ``blocked``, the weight in its
+    layout) serves 1 to ``matvec_rows`` rows, ``packed`` (oneDNN) PACKED_MIN_ROWS to
+    ``packed_rows`` rows; ``widen``: the other row counts compute on float32 copies of the
+    bfloat16 operands."""
 
     packed: torch.Tensor | None = None
     matvec: Matvec | None = None
+    blocked: torch.Tensor | None = None
     matvec_rows: int = 1
     widen: bool = False
     packed_rows: int = PACKED_MAX_ROWS
@@ -109,8 +115,8 @@ def linear(
     else ``F.linear``."""
     if fast is not None:
         rows = x.shape[0]
-        if rows <= fast.matvec_rows and fast.matvec is not None:
-            out = fast.matvec(x, weight)
+        if rows <= fast.matvec_rows and fast.matvec is not None and fast.blocked is not None:
+            out = fast.matvec(x, fast.blocked)
             return out if bias is None else out.add_(bias)
         if fast.packed is not None and PACKED_MIN_ROWS <= rows <= fast.packed_rows:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), fast.packed, bias, "none", [], "")
@@ -120,25 +126,25 @@ def linear(
     return F.linear(x, weight, bias)
 
 
-def prepare_linears(model: nn.Module, prepack: bool, matvec: Matvec | None, matvec_rows: int) -> int:
-    """Give every layer with a ``fast`` slot its FastLinear: a packed weight when ``prepack``
-    and it has at least PACK_MIN_PARAMS weights (for up to ``packed_max_rows()`` rows),
-    ``matvec`` for up to ``matvec_rows`` rows (for a bfloat16 weight that oneDNN packs,
-    ``packed_bf16_matvec_rows()`` at most), and widening where the weight is bfloat16 and the
-    CPU has no bfloat16 arithmetic. Returns the bytes the packed copies take (0 where oneDNN
-    cannot run the model's dtype here)."""
+def prepare_linears(model: nn.Module, prepack: bool, ops: LayerOps) -> int:
+    """When ``prepack``, give every layer with a ``fast`` slot its FastLinear: its weight in the
+    layout of ``ops``'s native product for up to ``native_rows`` rows, and a oneDNN-packed copy
+    where it has at least PACK_MIN_PARAMS weights and some row counts up to
+    ``packed_max_rows()`` are left to it; besides, and without ``prepack`` too, widening where the
+    weight is bfloat16 and the CPU has no bfloat16 arithmetic. Returns the bytes the copies take."""
     total = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if not hasattr(module, "fast") or not isinstance(weight, torch.Tensor):
             continue
-        packed = pack_weight(weight) if prepack and weight.numel() >= PACK_MIN_PARAMS else None
-        if packed is not None:
-            total += weight.numel() * weight.element_size()
-        bf16 = weight.dtype == torch.bfloat16
-        rows = min(matvec_rows, packed_bf16_matvec_rows()) if packed is not None and bf16 else matvec_rows
-        widen = bf16 and not cpu_has_bf16_arithmetic()
-        useful = packed is not None or matvec is not None or widen
-        fast = FastLinear(packed, matvec, rows, widen, packed_max_rows()) if useful else None
+        block = ops.block_weight if prepack and ops.matvec is not None else None
+        blocked = block(weight) if block is not None else None
+        rows = native_rows(weight.dtype) if blocked is not None else 0
+        left = prepack and weight.numel() >= PACK_MIN_PARAMS and packed_max_rows() > rows
+        packed = pack_weight(weight) if left else None
+        total += sum(t.numel() * t.element_size() for t in (blocked, packed) if t is not None)
+        widen = weight.dtype == torch.bfloat16 and not cpu_has_bf16_arithmetic()
+        useful = packed is not None or blocked is not None or widen
+        fast = FastLinear(packed, ops.matvec, blocked, rows, widen, packed_max_rows()) if useful else None
         setattr(module, "fast", fast)  # noqa: B010  # a plain attribute: nn.Module's typing takes no None
     return total

@@ -1,6 +1,7 @@
 // The one exported symbol of a per-ISA kernel library: its table of kernels. RC_ISA names the
 // instruction set (avx512, avx2, scalar); the build gives each library its own -m flags.
 #include "kernels.h"
+#include "vec.h"
 
 #define RC_JOIN(a, b) a##b
 #define RC_TABLE(isa) RC_JOIN(rc_kernels_, isa)
@@ -10,6 +11,7 @@
 extern "C" __attribute__((visibility("default"))) const rc_kernel_table* RC_TABLE(RC_ISA)() {
   static const rc_kernel_table table{
       RC_NAME(RC_ISA), rc::paged_attention, rc::store_kv, rc::rope_store_kv, rc::rms_norm, rc::silu_and_mul, rc::matvec,
+      rc::W,
   };
   return &table;
 }

@@ -120,8 +120,8 @@ struct rc_act_args {
   rc_dtype dtype;
 };
 
-// out [m, n] = x [m, k] times weight [n, k] (both row-major) transposed: a linear layer's
-// product with a few rows.
+// out [m, n] = x [m, k] (row-major) times a weight [n, k] transposed, the weight in the blocked
+// layout [n / matvec_block, k, matvec_block] (rc_kernel_table): a linear layer's product.
 struct rc_matvec_args {
   const void* x;
   const void* weight;
@@ -140,6 +140,7 @@ struct rc_kernel_table {
   void (*rms_norm)(const rc_norm_args*);
   void (*silu_and_mul)(const rc_act_args*);
   void (*matvec)(const rc_matvec_args*);
+  int matvec_block;  // output features per block of matvec's weight layout
 };
 
 }  // extern "C"

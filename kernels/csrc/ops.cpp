@@ -75,6 +75,8 @@ const rc_kernel_table& kernels() {
 
 std::string kernel_isa() { return kernels().isa; }
 
+int64_t matvec_block() { return kernels().matvec_block; }
+
 std::vector<std::string> supported_isas() {
   std::vector<std::string> names;
   for (const Isa& isa : ISAS)
@@ -299,16 +301,22 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
   kernels().silu_and_mul(&args);
 }
 
+// the output features of a blocked weight
+int64_t blocked_rows(const at::Tensor& weight) { return weight.size(0) * weight.size(2); }
+
 void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   const rc_dtype dtype = dtype_of(x, "x");
   check_same(x, weight, "weight");
   check_same(x, out, "out");
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
+  const int64_t block = kernels().matvec_block;
+  TORCH_CHECK(weight.dim() == 3 && weight.is_contiguous() && weight.size(2) == block,
+              "weight must be a contiguous blocked matrix [out / ", block, ", in, ", block, "] (matvec_block)");
+  const int64_t n = blocked_rows(weight);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) == weight.size(1), "x must be contiguous rows of ",
               weight.size(1), " values");
-  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == weight.size(0),
-              "out must be contiguous [", x.size(0), ", ", weight.size(0), "]");
-  rc_matvec_args args{x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.size(0), weight.size(0), weight.size(1), dtype};
+  TORCH_CHECK(out.is_contiguous() && out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == n,
+              "out must be contiguous [", x.size(0), ", ", n, "]");
+  rc_matvec_args args{x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.size(0), n, weight.size(1), dtype};
   kernels().matvec(&args);
 }
 
@@ -316,7 +324,7 @@ void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
 // (one rank, no biases): the Python between the kernels (module calls, allocations, dispatch)
 // cost ~0.1 ms a layer, a tenth of one request's decode step. The kernels and their order are
 // worker/llama.py's, so the results are the same bit for bit. weights: per layer the input
-// norm, qkv, o, post-attention norm, gate_up and down. x: the embedded tokens in, the last
+// norm, qkv, o, post-attention norm, gate_up and down (the four products' weights blocked). x: the embedded tokens in, the last
 // layer's output out; residual: the residual stream out.
 void decoder_layers(at::Tensor& x, at::Tensor& residual, at::TensorList weights, const at::Tensor& cos,
                     const at::Tensor& sin, at::TensorList k_caches, at::TensorList v_caches,
@@ -331,10 +339,10 @@ void decoder_layers(at::Tensor& x, at::Tensor& residual, at::TensorList weights,
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && residual.is_contiguous() && residual.sizes() == x.sizes(),
               "x and residual must be contiguous [tokens, hidden] tensors of one shape");
   const int64_t tokens = x.size(0), head_dim = k_caches[0].size(-1);
-  at::Tensor qkv = at::empty({tokens, weights[1].size(0)}, x.options());
+  at::Tensor qkv = at::empty({tokens, blocked_rows(weights[1])}, x.options());
   at::Tensor attended = at::empty({tokens, num_heads, head_dim}, x.options());
-  at::Tensor gate_up = at::empty({tokens, weights[4].size(0)}, x.options());
-  at::Tensor act = at::empty({tokens, weights[4].size(0) / 2}, x.options());
+  at::Tensor gate_up = at::empty({tokens, blocked_rows(weights[4])}, x.options());
+  at::Tensor act = at::empty({tokens, blocked_rows(weights[4]) / 2}, x.options());
   residual.copy_(x);
   rms_norm(residual, weights[0], eps, x);
   for (size_t layer = 0; layer < layers; ++layer) {
@@ -358,6 +366,7 @@ void decoder_layers(at::Tensor& x, at::Tensor& residual, at::TensorList weights,
 
 TORCH_LIBRARY(radixcluster, m) {
   m.def("kernel_isa() -> str", &kernel_isa);
+  m.def("matvec_block() -> int", &matvec_block);
   m.def("supported_isas() -> str[]", &supported_isas);
   m.def("use_isa(str isa) -> ()", &use_isa);
   m.def(

@@ -69,6 +69,8 @@ def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
 
 def test_packed_weights_are_the_linear_layers_and_one_lm_head(cfg):
     assert packed_weight_bytes(cfg, 4) == (30 * 3_538_944 + 49_152 * 576) * 4
+    # bfloat16: the native product's copy and oneDNN's
+    assert packed_weight_bytes(cfg, 2) == 2 * (30 * 3_538_944 + 49_152 * 576) * 2
 
 
 def test_prepacked_copies_come_out_of_the_kv_pool(cfg):

@@ -24,10 +24,10 @@ CLOSE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2
 
 @pytest.fixture(scope="module")
 def ops():
-    isa = native.load()
+    native.load()
     from radixcluster.kernels.native_ops import native_layer_ops
 
-    return native_layer_ops(isa)
+    return native_layer_ops()
 
 
 @pytest.fixture(autouse=True, params=["avx512bf16", "avx512", "avx2", "scalar"])
@@ -109,35 +109,46 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
 @pytest.mark.parametrize(
     ("m", "n", "k"),
     [
-        (1, 1, 576),
-        (1, 3, 37),
-        (1, 97, 64),
+        (1, 16, 576),
+        (1, 32, 37),
+        (1, 96, 64),
         (1, 1536, 576),
         (1, 576, 1536),
-        (2, 5, 40),
+        (2, 80, 40),
         (4, 96, 576),
         (7, 1536, 576),
         (8, 576, 1536),
-        (13, 97, 37),
+        (13, 112, 37),
         (32, 960, 576),
+        (70, 256, 64),
     ],
 )
-def test_matvec_is_f_linear_of_a_few_rows(ops, dtype, m, n, k) -> None:
-    # weight rows not a multiple of the three (AVX-512: four) streamed together, input rows not
-    # one of the four (six) run against them, columns not one of the vector width
+def test_matvec_is_f_linear_of_the_blocked_weight(ops, dtype, m, n, k) -> None:
+    # blocks not a multiple of the three streamed together, input rows not one of the groups of
+    # four (AVX-512: eight) run against them, columns not one of the vector width
     x, weight = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
-    out = ops.matvec(x, weight)
+    blocked = ops.block_weight(weight)
+    block = torch.ops.radixcluster.matvec_block()
+    assert blocked.shape == (n // block, k, block)
+    out = ops.matvec(x, blocked)
     assert out.shape == (m, n) and out.dtype == dtype
     # fp32 sums of k products: compared at the error such sums may differ by
     close = CLOSE[dtype] if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5 * k**0.5}
     torch.testing.assert_close(out, F.linear(x.float(), weight.float()).to(dtype), **close)
 
 
+def test_a_weight_whose_rows_do_not_fill_the_blocks_is_not_blocked(ops) -> None:
+    block = torch.ops.radixcluster.matvec_block()
+    assert ops.block_weight(torch.zeros(block + 1, 8)) is None
+
+
 def test_bad_shapes_say_what_is_wrong(ops) -> None:
     with pytest.raises(RuntimeError, match="x must be contiguous rows of 8 values"):
-        ops.matvec(torch.zeros(2, 7), torch.zeros(4, 8))
+        ops.matvec(torch.zeros(2, 7), ops.block_weight(torch.zeros(16, 8)))
     with pytest.raises(RuntimeError, match="weight must have the activations' dtype"):
-        ops.matvec(torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.bfloat16))
+        ops.matvec(torch.zeros(1, 8), ops.block_weight(torch.zeros(16, 8, dtype=torch.bfloat16)))
+    with pytest.raises(RuntimeError, match="weight must be a contiguous blocked matrix"):
+        torch.ops.radixcluster.matvec(torch.zeros(1, 8), torch.zeros(16, 8), torch.zeros(1, 16))
     with pytest.raises(RuntimeError, match="weight must be \\[hidden\\]"):
         ops.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-5)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):

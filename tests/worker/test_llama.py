@@ -140,7 +140,7 @@ def test_few_row_steps_in_one_call_equal_the_layers_one_by_one(runner, prompts, 
     the same logits and K/V for extends and decodes of one request, of several, and of a group
     sharing a prefix."""
     plain = layer_by_layer(runner, hf_model)
-    most = runner.attention.layer_ops.matvec_rows  # 16 or 32, by the kernels' instruction set
+    most = runner.attention.layer_ops.matvec_rows
     assert runner.model._decoder_layers(1) is not None and runner.model._decoder_layers(most) is not None
     assert runner.model._decoder_layers(most + 1) is None and plain.model._decoder_layers(1) is None
     page = runner.config.page_size

@@ -1,6 +1,7 @@
 """Linear layers' faster paths: the packed path computes F.linear's result at every row count it
-serves and refuses cleanly where oneDNN cannot run the dtype; the native matvec serves a few rows;
-both cover every linear layer and the LM head of SmolLM2, tied to the embedding or not."""
+serves and refuses cleanly where oneDNN cannot run the dtype; the native product serves its rows on
+the blocked copy; they cover every linear layer and the LM head of SmolLM2, tied to the embedding or
+not."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixcluster.kernels import native
+from radixcluster.kernels.attention_backend import TORCH_BACKEND
 from radixcluster.model_config import load_model_config
 from radixcluster.replica_plan import packed_weight_bytes
 from radixcluster.worker.llama import LlamaForCausalLM
@@ -22,8 +24,8 @@ from radixcluster.worker.packed_linear import (
     FastLinear,
     cpu_has_bf16_arithmetic,
     linear,
+    native_rows,
     pack_weight,
-    packed_bf16_matvec_rows,
     packed_max_rows,
     prepare_linears,
 )
@@ -70,15 +72,16 @@ def test_an_unpacked_layer_is_f_linear_at_every_row_count():
 
 def test_up_to_matvec_rows_go_through_the_matvec_and_more_do_not():
     native.load()
-    from radixcluster.kernels.native_ops import native_matvec
+    from radixcluster.kernels.native_ops import native_block_weight, native_matvec
 
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(96, 80, generator=generator), torch.randn(96, generator=generator)
-    fast = FastLinear(pack_weight(weight), native_matvec, matvec_rows=4)
+    blocked = native_block_weight(weight)
+    fast = FastLinear(pack_weight(weight), native_matvec, blocked, matvec_rows=4)
     for rows in (1, 4):
         x = torch.randn(rows, 80, generator=generator)
-        assert torch.equal(linear(x, weight, fast), native_matvec(x, weight))
-        assert torch.equal(linear(x, weight, fast, bias), native_matvec(x, weight) + bias)
+        assert torch.equal(linear(x, weight, fast), native_matvec(x, blocked))
+        assert torch.equal(linear(x, weight, fast, bias), native_matvec(x, blocked) + bias)
         torch.testing.assert_close(linear(x, weight, fast, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     more = torch.randn(5, 80, generator=generator)
     assert torch.equal(linear(more, weight, fast), linear(more, weight, FastLinear(fast.packed)))
@@ -88,7 +91,7 @@ def test_up_to_matvec_rows_go_through_the_matvec_and_more_do_not():
 def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     config = replace(load_model_config(model_path), tie_word_embeddings=tied)
     model = LlamaForCausalLM(config, TPGroup())
-    packed_bytes = prepare_linears(model, prepack=True, matvec=None, matvec_rows=0)
+    packed_bytes = prepare_linears(model, prepack=True, ops=TORCH_BACKEND.layer_ops)
     packed = {name for name, module in model.named_modules() if getattr(module, "fast", None) is not None}
     assert all(model.get_submodule(name).fast.packed_rows == packed_max_rows() for name in packed)
     layer = "model.layers.0."
@@ -103,28 +106,42 @@ def test_every_large_linear_layer_and_the_lm_head_is_packed(model_path, tied):
     assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied
 
 
-def test_with_a_matvec_every_linear_layer_gets_it_packed_or_not(model_path):
+def native_layer_ops():
+    native.load()
+    from radixcluster.kernels.native_ops import native_layer_ops
+
+    return native_layer_ops()
+
+
+def test_with_the_native_product_every_linear_layer_gets_its_blocked_copy(model_path):
     config = load_model_config(model_path)
     model = LlamaForCausalLM(config, TPGroup())
-    native.load()
-    from radixcluster.kernels.native_ops import native_matvec
-
-    assert prepare_linears(model, prepack=False, matvec=native_matvec, matvec_rows=16) == 0
+    ops = native_layer_ops()
+    copies = prepare_linears(model, prepack=True, ops=ops)
     fast = {name: module.fast for name, module in model.named_modules() if hasattr(module, "fast")}
     assert len(fast) == 4 * config.num_layers + 1
-    assert all(f is not None and f.matvec is native_matvec and f.packed is None for f in fast.values())
-    assert all(f.matvec_rows == 16 for f in fast.values())
+    assert all(f is not None and f.matvec is ops.matvec and f.blocked is not None for f in fast.values())
+    assert all(f.matvec_rows == native_rows(torch.float32) == packed_max_rows() for f in fast.values())
+    # the blocked copy serves every row count a oneDNN copy would: no second copy
+    assert all(f.packed is None for f in fast.values())
+    assert copies == packed_weight_bytes(config, 4)
 
 
-def test_a_bfloat16_weight_that_onednn_packs_keeps_the_matvec_for_a_few_rows(model_path):
+def test_without_prepacking_no_layer_gets_a_copy(model_path):
+    config = replace(load_model_config(model_path), num_layers=1)
+    model = LlamaForCausalLM(config, TPGroup())
+    assert prepare_linears(model, prepack=False, ops=native_layer_ops()) == 0
+    assert all(getattr(m, "fast", None) is None for m in model.modules())
+
+
+def test_a_bfloat16_weight_that_onednn_packs_keeps_the_native_product_for_a_few_rows(model_path):
     config = replace(load_model_config(model_path), num_layers=1)
     model = LlamaForCausalLM(config, TPGroup()).to(torch.bfloat16)
-    native.load()
-    from radixcluster.kernels.native_ops import native_matvec
-
     packs = pack_weight(model.lm_head.weight) is not None
-    prepare_linears(model, prepack=True, matvec=native_matvec, matvec_rows=16)
-    assert model.lm_head.fast.matvec_rows == (min(16, packed_bf16_matvec_rows()) if packs else 16)
+    prepare_linears(model, prepack=True, ops=native_layer_ops())
+    head = model.lm_head.fast
+    assert head.matvec_rows == native_rows(torch.bfloat16) and head.blocked is not None
+    assert (head.packed is not None) == (packs and head.matvec_rows < packed_max_rows())
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -143,7 +160,7 @@ def test_bf16_layers_widen_exactly_where_the_cpu_has_no_bf16_arithmetic(model_pa
     config = replace(load_model_config(model_path), num_layers=1)
     for dtype in (torch.float32, torch.bfloat16):
         model = LlamaForCausalLM(config, TPGroup()).to(dtype)
-        prepare_linears(model, prepack=False, matvec=None, matvec_rows=0)
+        prepare_linears(model, prepack=False, ops=TORCH_BACKEND.layer_ops)
         fast = [m.fast for m in model.modules() if hasattr(m, "fast")]
         widened = dtype == torch.bfloat16 and not cpu_has_bf16_arithmetic()
         assert all((f is not None and f.widen) == widened for f in fast)
@@ -151,4 +168,4 @@ def test_bf16_layers_widen_exactly_where_the_cpu_has_no_bf16_arithmetic(model_pa
 
 def test_small_weights_stay_unpacked():
     small = nn.Sequential(RowParallelLinear(PACK_MIN_PARAMS // 64 - 1, 64, TPGroup()))
-    assert prepare_linears(small, prepack=True, matvec=None, matvec_rows=0) == 0 and small[0].fast is None
+    assert prepare_linears(small, prepack=True, ops=TORCH_BACKEND.layer_ops) == 0 and small[0].fast is None
