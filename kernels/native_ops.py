@@ -54,14 +54,13 @@ def _rope_and_store(
 
 
 def native_block_weight(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` ``[n, k]`` in the native product's layout ``[n / B, k, B]`` (B output features
-    side by side, the kernels' ``matvec_block``: their vector width), or None where B does not
+    """``weight`` ``[n, k]`` in the native product's layout, shaped ``[n / B, k, B]`` (B output
+    features side by side, the kernels' ``matvec_block``: their vector width; a bf16 weight's
+    input features in pairs where the kernels have bf16 dot products), or None where B does not
     divide n."""
-    block = int(torch.ops.radixcluster.matvec_block())
-    n, k = weight.shape
-    if n % block:
+    if weight.shape[0] % int(torch.ops.radixcluster.matvec_block()):
         return None
-    return weight.detach().view(n // block, block, k).transpose(1, 2).contiguous()
+    return torch.ops.radixcluster.block_weight(weight.detach())
 
 
 def native_matvec(x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:

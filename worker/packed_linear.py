@@ -1,9 +1,9 @@
 """What linear layers compute with besides ``F.linear``: the native product
 (``kernels/csrc/matvec.cpp``) on a copy of the weight in its blocked layout, which reads the
 weight at nearly the memory's bandwidth for a decode step's few rows and, on the AVX-512 EPYC,
-beat oneDNN's packed product up to 2,048 rows (fp32); oneDNN's prepacked copy, where the native
-product does not serve (bfloat16 beyond a few rows, on a CPU with bfloat16 arithmetic) or the
-native kernels are not loaded; and, for bfloat16 on a CPU without bfloat16 arithmetic, the
+beat oneDNN's packed product up to 2,048 rows in fp32 and 256 in bf16 (bf16 dot products);
+oneDNN's prepacked copy, where the native product does not serve (bfloat16 beyond one row on a
+CPU with AMX) or the native kernels are not loaded; and, for bfloat16 on a CPU without bfloat16 arithmetic, the
 product of the operands widened to float32, which MKL's sgemm computes 2-7x faster than its
 emulated bfloat16 kernels.
 
@@ -29,12 +29,10 @@ from radixcluster.kernels.layer_ops import LayerOps, Matvec
 
 logger = logging.getLogger(__name__)
 
-# Where oneDNN cannot pack bfloat16 (the AVX2 EPYC) the native product ran ~4x faster than F.linear
-# at 8-512 rows. Where the CPU has bfloat16 arithmetic, oneDNN's packed bfloat16 product (AVX-512
-# BF16's dot products) overtakes the native one, which widens to fp32, beyond 8 rows: on the
-# AVX-512 EPYC a step's linear work ran 2.17x faster natively at 1 row, 1.32x at 8, 0.71x at 16
-# and 0.57x at 256 (benchmarks/bench_few_rows.py --dtype bfloat16); AMX was measured only at 1 row.
-BF16_NATIVE_ROWS = 8
+# With bf16 dot products (AVX-512 BF16) the native product takes a bf16 weight two input features
+# at a time: on the AVX-512 EPYC a step's bf16 linear work ran 2.3-3.0x faster than oneDNN's packed
+# product at 1 row, 1.4-1.6x at 3-8, 1.3x at 16-64 and 1.13x at 256 (benchmarks/bench_few_rows.py
+# --dtype bfloat16). AMX was measured only at 1 row: there oneDNN's copy serves the rest.
 
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
@@ -85,11 +83,11 @@ def packed_max_rows() -> int:
 
 
 def native_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows the native product serves a layer: a bfloat16 weight on a CPU with
-    bfloat16 arithmetic BF16_NATIVE_ROWS (one with AMX; oneDNN's packed copy serves more), any
-    other weight every row count a packed weight would serve (``packed_max_rows()``)."""
-    if dtype == torch.bfloat16 and cpu_has_bf16_arithmetic():
-        return 1 if torch.cpu._is_amx_tile_supported() else BF16_NATIVE_ROWS
+    """Up to how many rows the native product serves a layer: every row count a packed weight
+    would serve (``packed_max_rows()``), but one row of a bfloat16 weight on a CPU with AMX
+    (oneDNN's packed copy serves the rest)."""
+    if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
+        return 1
     return packed_max_rows()
 
 

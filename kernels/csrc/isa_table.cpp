@@ -11,7 +11,7 @@
 extern "C" __attribute__((visibility("default"))) const rc_kernel_table* RC_TABLE(RC_ISA)() {
   static const rc_kernel_table table{
       RC_NAME(RC_ISA), rc::paged_attention, rc::store_kv, rc::rope_store_kv, rc::rms_norm, rc::silu_and_mul, rc::matvec,
-      rc::W,
+      rc::W, rc::Vec::BF16_DOT,
   };
   return &table;
 }

@@ -140,7 +140,8 @@ struct rc_kernel_table {
   void (*rms_norm)(const rc_norm_args*);
   void (*silu_and_mul)(const rc_act_args*);
   void (*matvec)(const rc_matvec_args*);
-  int matvec_block;  // output features per block of matvec's weight layout
+  int matvec_block;       // output features per block of matvec's weight layout
+  int matvec_bf16_pairs;  // whether a bf16 block holds its input features in pairs (matvec.cpp)
 };
 
 }  // extern "C"

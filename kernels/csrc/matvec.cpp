@@ -1,11 +1,13 @@
 // A linear layer's product with the rows of a step, on the weight in the blocked layout
 // [n / W, k, W] (W output features side by side for every input feature: one sequential
-// stream per block, as oneDNN packs it). Threads split the blocks; each takes NB blocks at a
+// stream per block, as oneDNN packs it; with bf16 dot products a bf16 block holds its input
+// features in pairs, [k / 2, W, 2], an odd last one after them). Threads split the blocks; each takes NB blocks at a
 // time and runs them against the input rows in groups of up to XROWS: NB weight vectors
 // times one broadcast input value feed NB x XROWS sums in registers, with no horizontal sums.
 // On the AVX-512 EPYC (SmolLM2's linear work, 2 threads) it read the weights at 1.3-1.6x the
 // speed of the row-major product at 1-32 rows and matched oneDNN's packed product at 64-2,048.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels.h"
 #include "vec.h"
@@ -33,7 +35,17 @@ void block_tile(const rc_matvec_args& a, int64_t block0, int64_t m0) {
     for (int m = 0; m < M; ++m) acc[j][m] = Vec::zero();
   // the first group streams the weight from memory; the later ones find it in the caches
   const bool fetch = m0 == 0;
-  for (int64_t c = 0; c < k; ++c) {
+  int64_t c = 0;
+  if constexpr (std::is_same_v<T, uint16_t> && Vec::BF16_DOT) {
+    // bf16 weights in pairs of input features (block_weight): one dot product takes two
+    for (; c + 2 <= k; c += 2) {
+      if (fetch)
+        for (int j = 0; j < B; ++j) __builtin_prefetch(w + j * W * k + c * W + PREFETCH, 0, 3);
+      for (int m = 0; m < M; ++m)
+        for (int j = 0; j < B; ++j) acc[j][m] = Vec::dot_bf16_pair(acc[j][m], w + j * W * k + c * W, x + m * k + c);
+    }
+  }
+  for (; c < k; ++c) {
     if (fetch)
       for (int j = 0; j < B; ++j) __builtin_prefetch(w + j * W * k + c * W + PREFETCH, 0, 3);
     F wc[B];

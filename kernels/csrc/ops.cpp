@@ -2,6 +2,7 @@
 // kernel library by what this CPU supports (cpuid), made once and changeable for tests.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -304,6 +305,25 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
 // the output features of a blocked weight
 int64_t blocked_rows(const at::Tensor& weight) { return weight.size(0) * weight.size(2); }
 
+// weight [n, k] in matvec's layout: [n / W, k, W], W output features side by side; a bf16
+// weight, where the kernels have bf16 dot products, with its input features in pairs
+// ([k / 2, W, 2] per block, an odd last one after them as [1, W])
+at::Tensor block_weight(const at::Tensor& weight) {
+  dtype_of(weight, "weight");
+  const int64_t block = kernels().matvec_block;
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) % block == 0, "weight must be [out, in] with out a multiple of ",
+              block, " (matvec_block)");
+  const int64_t n = weight.size(0), k = weight.size(1), blocks = n / block;
+  const at::Tensor rows = weight.contiguous().view({blocks, block, k});
+  if (!(kernels().matvec_bf16_pairs && weight.scalar_type() == at::kBFloat16))
+    return rows.transpose(1, 2).contiguous();
+  const int64_t even = k / 2 * 2;
+  const at::Tensor pairs = rows.narrow(2, 0, even).reshape({blocks, block, even / 2, 2}).permute({0, 2, 1, 3});
+  const at::Tensor last = rows.narrow(2, even, k - even).transpose(1, 2);
+  return at::cat({pairs.reshape({blocks, even * block}), last.reshape({blocks, (k - even) * block})}, 1)
+      .view({blocks, k, block});
+}
+
 void matvec(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   const rc_dtype dtype = dtype_of(x, "x");
   check_same(x, weight, "weight");
@@ -384,6 +404,7 @@ TORCH_LIBRARY(radixcluster, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!) out) -> ()");
   m.def("add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  m.def("block_weight(Tensor weight) -> Tensor");
   m.def("matvec(Tensor x, Tensor weight, Tensor(a!) out) -> ()");
   m.def(
       "decoder_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] weights, Tensor cos, Tensor sin, "
@@ -400,6 +421,7 @@ TORCH_LIBRARY_IMPL(radixcluster, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("silu_and_mul", &silu_and_mul);
+  m.impl("block_weight", &block_weight);
   m.impl("matvec", &matvec);
   m.impl("decoder_layers", &decoder_layers);
 }

@@ -13,6 +13,7 @@ struct Vec {
   // no bfloat16 dot products here: bf16 rows are widened to fp32 first
   static constexpr bool BF16_DOT = false;
   static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
+  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
 
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float x) { return _mm256_set1_ps(x); }

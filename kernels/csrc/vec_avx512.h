@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace rc {
 
@@ -17,9 +18,17 @@ struct Vec {
   static F dot_bf16(F acc, const uint16_t* a, const uint16_t* b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
   }
+  // acc lane i += a[2i] pair[0] + a[2i+1] pair[1]
+  static F dot_bf16_pair(F acc, const uint16_t* a, const uint16_t* pair) {
+    int32_t both;
+    std::memcpy(&both, pair, 4);
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a),
+                            (__m512bh)_mm512_broadcastd_epi32(_mm_cvtsi32_si128(both)));
+  }
 #else
   static constexpr bool BF16_DOT = false;
   static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
+  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
 #endif
 
   static F zero() { return _mm512_setzero_ps(); }

@@ -16,6 +16,7 @@ struct Vec {
   // no bfloat16 dot products here: bf16 rows are widened to fp32 first
   static constexpr bool BF16_DOT = false;
   static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
+  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
 
   static F zero() { return set1(0.0f); }
   static F set1(float x) {

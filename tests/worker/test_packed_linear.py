@@ -134,14 +134,15 @@ def test_without_prepacking_no_layer_gets_a_copy(model_path):
     assert all(getattr(m, "fast", None) is None for m in model.modules())
 
 
-def test_a_bfloat16_weight_that_onednn_packs_keeps_the_native_product_for_a_few_rows(model_path):
+def test_a_bfloat16_weight_gets_onednns_copy_only_where_the_native_product_leaves_rows_to_it(model_path):
     config = replace(load_model_config(model_path), num_layers=1)
     model = LlamaForCausalLM(config, TPGroup()).to(torch.bfloat16)
     packs = pack_weight(model.lm_head.weight) is not None
     prepare_linears(model, prepack=True, ops=native_layer_ops())
     head = model.lm_head.fast
-    assert head.matvec_rows == native_rows(torch.bfloat16) and head.blocked is not None
-    assert (head.packed is not None) == (packs and head.matvec_rows < packed_max_rows())
+    amx = torch.cpu._is_amx_tile_supported()
+    assert head.matvec_rows == native_rows(torch.bfloat16) == (1 if amx else packed_max_rows())
+    assert head.blocked is not None and (head.packed is not None) == (packs and amx)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
