@@ -64,7 +64,7 @@ struct Vec {
   }
   // lane r = hsum(acc[r]) for r < N, 0 beyond: a transposing tree of horizontal adds
   template <int N>
-  static F hsum_rows(const F* acc) {
+  RC_INLINE static F hsum_rows(const F* acc) {
     F v[8];
     for (int i = 0; i < 8; ++i) v[i] = i < N ? acc[i] : zero();
     F t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);

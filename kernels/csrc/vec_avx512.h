@@ -72,7 +72,7 @@ struct Vec {
   // (a, b) so a's partial sums fill one half and b's the other; the last stage leaves
   // vector k + 4 m in lane 4 k + m, which one permutation puts back in order.
   template <int N>
-  static F hsum_rows(const F* acc) {
+  RC_INLINE static F hsum_rows(const F* acc) {
     F v[16];
     for (int i = 0; i < 16; ++i) v[i] = i < N ? acc[i] : zero();
     F h[8], q[4], w[2];

@@ -99,7 +99,7 @@ struct Vec {
   }
   // lane r = hsum(acc[r]) for r < N, 0 beyond
   template <int N>
-  static F hsum_rows(const F* acc) {
+  RC_INLINE static F hsum_rows(const F* acc) {
     F r = zero();
     for (int i = 0; i < N; ++i) r.v[i] = hsum(acc[i]);
     return r;
