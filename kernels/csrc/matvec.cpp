@@ -16,9 +16,10 @@ namespace rc {
 namespace {
 
 // blocks per pass, and input rows per group: NB x XROWS accumulators, NB weight vectors and one
-// broadcast fill AVX-512's thirty-two registers (3 x 8) or AVX2's sixteen (3 x 4)
-constexpr int NB = 3;
-constexpr int XROWS = W == 16 ? 8 : 4;
+// broadcast within AVX-512's thirty-two registers (3 x 8) or AVX2's sixteen (2 x 5: on the AVX-512
+// EPYC, AVX2 code, 3 x 4 and 2 x 6 spilled and ran 1.3-1.8x slower than 2 x 5 from 16 rows)
+constexpr int NB = W == 16 ? 3 : 2;
+constexpr int XROWS = W == 16 ? 8 : 5;
 // below this many weight elements a fork-join costs more than it saves
 constexpr int64_t PARALLEL_MIN = 1 << 15;
 // how far ahead of the first group (in elements of the stream) the next weight values are fetched

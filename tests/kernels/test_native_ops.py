@@ -124,8 +124,8 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
     ],
 )
 def test_matvec_is_f_linear_of_the_blocked_weight(ops, dtype, m, n, k) -> None:
-    # blocks not a multiple of the three streamed together, input rows not one of the groups of
-    # four (AVX-512: eight) run against them, columns not one of the vector width
+    # blocks not a multiple of those streamed together (AVX-512: three), input rows not one of
+    # the groups run against them (AVX-512: eight, else five), columns not one of the vector width
     x, weight = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, seed=1)
     blocked = ops.block_weight(weight)
     block = torch.ops.radixcluster.matvec_block()
@@ -134,6 +134,17 @@ def test_matvec_is_f_linear_of_the_blocked_weight(ops, dtype, m, n, k) -> None:
     assert out.shape == (m, n) and out.dtype == dtype
     # fp32 sums of k products: compared at the error such sums may differ by
     close = CLOSE[dtype] if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5 * k**0.5}
+    torch.testing.assert_close(out, F.linear(x.float(), weight.float()).to(dtype), **close)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("m", [1, 6, 9])
+def test_matvec_with_blocks_left_over_from_its_passes(ops, dtype, m) -> None:
+    # five blocks: passes of three (AVX-512) or two leave two or one to the one-block path
+    n, k = 5 * torch.ops.radixcluster.matvec_block(), 41
+    x, weight = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, seed=2)
+    close = CLOSE[dtype] if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5 * k**0.5}
+    out = ops.matvec(x, ops.block_weight(weight))
     torch.testing.assert_close(out, F.linear(x.float(), weight.float()).to(dtype), **close)
 
 
