@@ -1,10 +1,10 @@
-"""A decode step's linear work at a few rows: the native product (kernels/csrc/matvec.cpp, its weights blocked)
-against what serves those rows without it (oneDNN's packed weight for 2 to 128 rows where the
-layer has one, else F.linear: MKL's gemv at one row), on SmolLM2's 30 layers and LM head,
-every weight its own tensor so that each is read from memory as in a real step; in bfloat16
-also F.linear on the operands widened to float32 (what serves more rows on a CPU without
-bfloat16 arithmetic). Each path goes through the layers' own ``linear``. The window where the native
-product wins is what MATVEC_ROWS in kernels/native_ops.py encodes (with the one-call step).
+"""A decode step's linear work at a few rows: the native product (kernels/csrc/matvec.cpp, on
+blocked weights) against what serves those rows without it (oneDNN's packed weight for 2 to 128
+rows where the layer has one, else F.linear: MKL's gemv at one row), on SmolLM2's 30 layers and
+LM head, every weight its own tensor so that each is read from memory as in a real step; in
+bfloat16 also F.linear on the operands widened to float32 (what serves more rows on a CPU
+without bfloat16 arithmetic). Each path goes through the layers' own ``linear``. Up to how many
+rows the native product serves is what ``native_rows`` in worker/packed_linear.py encodes.
 
 Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
 [--rows 1 2 4 8 16 32 64]

@@ -18,6 +18,11 @@ def cpuinfo_text(path: Path = CPUINFO) -> str:
         return ""
 
 
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The first CPU's flags (``avx2``, ``amx_tile``, ...)."""
+    return set(cpuinfo_field("flags", cpuinfo).split())
+
+
 def cpuinfo_field(name: str, cpuinfo: str) -> str:
     """The first CPU's ``name`` field of ``cpuinfo``, or an empty string."""
     for line in cpuinfo.splitlines():

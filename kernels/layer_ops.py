@@ -55,16 +55,17 @@ class LayerOps:
     rotated K and V into the caches' ``slot_mapping`` rows and returns the rotated q
     ``[T, heads, head_dim]`` (possibly a view of ``qkv``).
 
-    ``matvec``: what linear layers use for a few rows instead of ``F.linear`` (None: F.linear),
-    on their weights laid out by ``block_weight``; ``matvec_rows``: up to how many rows
-    ``decoder_layers`` runs a step (and the layers use ``matvec`` where the worker's
-    ``packed_linear`` has no wider window for this CPU).
+    ``matvec``: the native product linear layers use instead of ``F.linear`` (None: F.linear),
+    on their weights laid out by ``block_weight`` (how many rows it serves is the worker's
+    ``packed_linear.native_rows``); ``matvec_rows``: up to how many rows ``decoder_layers`` runs
+    a step.
 
     ``decoder_layers(x, weights, cos, sin, k_caches, v_caches, meta, num_heads, num_kv_heads,
     scale, eps)``: every layer of the step in one call, for a model whose linear products all
     go through ``matvec`` (one rank, no biases), ``weights`` six a layer (input norm, qkv, o,
-    post-attention norm, gate_up, down; the four products' as ``block_weight`` lays them out); returns what the layers one by one return, the last
-    one's output and the residual stream (``x`` is overwritten). None: layer by layer."""
+    post-attention norm, gate_up, down; the four products' as ``block_weight`` lays them out);
+    returns what the layers one by one return, the last one's output and the residual stream
+    (``x`` is overwritten). None: layer by layer."""
 
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]

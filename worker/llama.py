@@ -193,8 +193,8 @@ class LlamaForCausalLM(nn.Module):
             self._layer_weights = []
             for layer in cast(Iterable[LlamaDecoderLayer], self.model.layers):
                 qkv, o, gate_up, down = (_blocked(linear) for linear in _linears(layer))
-                norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-                self._layer_weights += [norms[0], qkv, o, norms[1], gate_up, down]
+                post_norm = layer.post_attention_layernorm.weight
+                self._layer_weights += [layer.input_layernorm.weight, qkv, o, post_norm, gate_up, down]
         return self._layer_weights
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -3,9 +3,9 @@
 weight at nearly the memory's bandwidth for a decode step's few rows and, on the AVX-512 EPYC,
 beat oneDNN's packed product up to 2,048 rows in fp32 and 256 in bf16 (bf16 dot products);
 oneDNN's prepacked copy, where the native product does not serve (bfloat16 beyond one row on a
-CPU with AMX) or the native kernels are not loaded; and, for bfloat16 on a CPU without bfloat16 arithmetic, the
-product of the operands widened to float32, which MKL's sgemm computes 2-7x faster than its
-emulated bfloat16 kernels.
+CPU with AMX) or the native kernels are not loaded; and, for bfloat16 on a CPU without
+bfloat16 arithmetic, the product of the operands widened to float32, which MKL's sgemm
+computes 2-7x faster than its emulated bfloat16 kernels.
 
 Measured with ``benchmarks/bench_linear.py`` and ``benchmarks/bench_few_rows.py``; oneDNN's
 and the native product's float32 results are not bitwise MKL's (the greedy outputs of the

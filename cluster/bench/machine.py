@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from radixcluster.cpu_info import CPUINFO, cpuinfo_field, cpuinfo_text
+from radixcluster.cpu_info import CPUINFO, cpu_flags, cpuinfo_field, cpuinfo_text
 
 # flags of /proc/cpuinfo that decide which CPU kernels run
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -18,7 +18,7 @@ def cpu_model(cpuinfo_path: Path = CPUINFO) -> str:
     cpuinfo = cpuinfo_text(cpuinfo_path)
     if not cpuinfo:
         return "unknown CPU"
-    flags = set(cpuinfo_field("flags", cpuinfo).split())
+    flags = cpu_flags(cpuinfo)
     present = [flag for flag in VECTOR_FLAGS if flag in flags] or ["no AVX2"]
     return f"{cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, {len(os.sched_getaffinity(0))} CPUs ({', '.join(present)})"
 

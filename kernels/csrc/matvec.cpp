@@ -1,9 +1,10 @@
 // A linear layer's product with the rows of a step, on the weight in the blocked layout
 // [n / W, k, W] (W output features side by side for every input feature: one sequential
 // stream per block, as oneDNN packs it; with bf16 dot products a bf16 block holds its input
-// features in pairs, [k / 2, W, 2], an odd last one after them). Threads split the blocks; each takes NB blocks at a
-// time and runs them against the input rows in groups of up to XROWS: NB weight vectors
-// times one broadcast input value feed NB x XROWS sums in registers, with no horizontal sums.
+// features in pairs, [k / 2, W, 2], an odd last one after them). Threads split the blocks;
+// each takes NB blocks at a time and runs them against the input rows in groups of up to
+// XROWS: NB weight vectors times one broadcast input value feed NB x XROWS sums in registers,
+// with no horizontal sums.
 // On the AVX-512 EPYC (SmolLM2's linear work, 2 threads) it read the weights at 1.3-1.6x the
 // speed of the row-major product at 1-32 rows and matched oneDNN's packed product at 64-2,048.
 #include <algorithm>
