@@ -7,7 +7,7 @@ run with one in its batch)."""
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +16,41 @@ from radixcluster.protocol import TreeEvent
 
 # block names remembered as evicted, to tell why a request found less cached than predicted
 EVICTED_MEMORY = 1 << 20
+
+
+class PendingBlocks:
+    """Block names with how many prompts in flight hold each, kept so that a prompt's start and
+    end are set operations in C: ``held`` has every name, ``_more`` only the count beyond one
+    of a name that several prompts hold (a prefix they share)."""
+
+    __slots__ = ("held", "_more")
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+        self._more: Counter[int] = Counter()
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def add(self, names: list[int]) -> None:
+        again = self.held.intersection(names)
+        if again:
+            self._more.update(again)
+        self.held.update(names)
+
+    def remove(self, names: list[int]) -> None:
+        """Undo ``add(names)``."""
+        shared = self._more.keys() & names if self._more else None
+        if shared:
+            for name in shared:
+                left = self._more[name] - 1
+                if left:
+                    self._more[name] = left
+                else:
+                    del self._more[name]
+            self.held.difference_update(set(names) - shared)
+        else:
+            self.held.difference_update(names)
 
 
 @dataclass(slots=True)
@@ -29,7 +64,7 @@ class ReplicaView:
     synced: bool = False
     resyncs: int = 0
     cached: set[int] = field(default_factory=set)
-    pending: Counter[int] = field(default_factory=Counter)
+    pending: PendingBlocks = field(default_factory=PendingBlocks)
     evicted_at: OrderedDict[int, int] = field(default_factory=OrderedDict)
 
     def load_snapshot(self, instance: str, seq: int, page_size: int, names: np.ndarray) -> None:
@@ -67,31 +102,25 @@ class ReplicaView:
                 self.evicted_at.popitem(last=False)
         return True
 
-    def matched(self, names: np.ndarray, also: Counter[int] | None = None) -> int:
+    def matched(self, names: list[int], also: AbstractSet[int] = frozenset()) -> int:
         """Leading blocks of ``names`` that are cached or pending (or in ``also``)."""
         if not self.enabled:
             return 0
+        cached, pending = self.cached, self.pending.held
         n = 0
-        for name in names.tolist():
-            if name not in self.cached and not self.pending.get(name) and not (also and also.get(name)):
+        for name in names:
+            if name not in cached and name not in pending and name not in also:
                 break
             n += 1
         return n
 
-    def add_pending(self, names: Iterable[int]) -> None:
+    def add_pending(self, names: list[int]) -> None:
         if self.enabled:
-            self.pending.update(names)
+            self.pending.add(names)
 
-    def remove_pending(self, names: Iterable[int]) -> None:
-        if not self.enabled:
-            return
-        counts = self.pending
-        for name in names:
-            left = counts[name] - 1
-            if left > 0:
-                counts[name] = left
-            else:
-                counts.pop(name)  # dict's own, in C: Counter's __delitem__ is Python
+    def remove_pending(self, names: list[int]) -> None:
+        if self.enabled:
+            self.pending.remove(names)
 
     def evicted_since(self, name: int, seq: int) -> bool:
         """Whether block ``name`` was evicted after event ``seq`` (as far as remembered)."""

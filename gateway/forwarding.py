@@ -51,12 +51,10 @@ class Dispatch:
     placement: Placement
     tokens: int
     ended: bool = field(default=False, init=False)
-    _names: list[list[int]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         replica = self.placement.replica
-        self._names = [names.tolist() for names in self.placement.names]
-        for names in self._names:
+        for names in self.placement.names:
             replica.view.add_pending(names)
         replica.load.inflight_tokens += self.tokens
         replica.load.inflight_requests += 1
@@ -67,7 +65,7 @@ class Dispatch:
             return
         self.ended = True
         replica = self.placement.replica
-        for names in self._names:
+        for names in self.placement.names:
             replica.view.remove_pending(names)
         replica.load.inflight_tokens -= self.tokens
         replica.load.inflight_requests -= 1

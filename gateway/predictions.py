@@ -38,7 +38,7 @@ def classify(placement: Placement, report: Report, our_prompt_tokens: int) -> st
     view = placement.replica.view
     if report.cached_tokens < predicted:
         for i in report.indices:
-            names = placement.names[i][: placement.predicted[i] // view.page_size].tolist()
+            names = placement.names[i][: placement.predicted[i] // view.page_size]
             if any(view.evicted_since(name, placement.seq) for name in names):
                 return "evicted"
     return "in_flight" if placement.synced else "stale_view"

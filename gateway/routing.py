@@ -10,10 +10,8 @@ least loaded replica when nowhere holds at least ``min_overlap`` of the prompt. 
 from __future__ import annotations
 
 import itertools
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass
-
-import numpy as np
 
 from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.gateway.config import RoutingTunables
@@ -33,7 +31,7 @@ class Placement:
     replica's page size) and the tokens predicted cached there."""
 
     replica: Replica
-    names: list[np.ndarray]
+    names: list[list[int]]
     predicted: list[int]
     seq: int  # the replica's event number when it was chosen (to tell evictions since)
     synced: bool  # whether the view was in step with the replica then
@@ -44,16 +42,19 @@ class Placement:
 
 
 class Names:
-    """Block names of a request's prompts per page size, computed once per page size."""
+    """Block names of a request's prompts per page size, computed once per page size (as
+    Python ints: the views' sets and counters are looked up by them)."""
 
     def __init__(self, prompts: list[Prompt]) -> None:
         self.prompts = prompts
-        self._by_page: dict[int, list[np.ndarray]] = {}
+        self._by_page: dict[int, list[list[int]]] = {}
 
-    def of(self, page_size: int) -> list[np.ndarray]:
+    def of(self, page_size: int) -> list[list[int]]:
         found = self._by_page.get(page_size)
         if found is None:
-            found = self._by_page[page_size] = [prefix_block_hashes(p.ids, page_size, p.salt) for p in self.prompts]
+            found = self._by_page[page_size] = [
+                prefix_block_hashes(p.ids, page_size, p.salt).tolist() for p in self.prompts
+            ]
         return found
 
 
@@ -62,13 +63,13 @@ def place(replica: Replica, prompts: list[Prompt], names: Names) -> Placement:
     of the same request count as pending there."""
     view = replica.view
     per_prompt = names.of(view.page_size)
-    ours: Counter[int] = Counter()
+    ours: set[int] = set()
     predicted = []
     for i, (prompt, blocks) in enumerate(zip(prompts, per_prompt)):
         usable = blocks[: prompt.match_limit // view.page_size]
         predicted.append(view.matched(usable, ours) * view.page_size)
         if i + 1 < len(prompts):
-            ours.update(blocks.tolist())
+            ours.update(blocks)
     return Placement(replica, per_prompt, predicted, view.seq, view.synced)
 
 

@@ -3,7 +3,11 @@ restart, skips what a snapshot already holds, and counts prompts in flight as pe
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.gateway.cache_view import ReplicaView
@@ -39,10 +43,10 @@ def test_inserts_and_evictions_in_order_give_the_trees_blocks() -> None:
     tree.evict(8)  # the least recently used leaf: the first run's last 8 tokens
     for event in log.drain():
         assert view.apply(event)
-    first_names = prefix_block_hashes(np.asarray(first), PAGE, None)
+    first_names = prefix_block_hashes(np.asarray(first), PAGE, None).tolist()
     assert view.matched(first_names) == 2
-    assert view.matched(prefix_block_hashes(np.asarray(second), PAGE, None)) == 4 and len(view.cached) == 4
-    gone = int(first_names[2])
+    assert view.matched(prefix_block_hashes(np.asarray(second), PAGE, None).tolist()) == 4 and len(view.cached) == 4
+    gone = first_names[2]
     assert view.evicted_since(gone, 0) and not view.evicted_since(gone, log.seq)
 
 
@@ -77,14 +81,37 @@ def test_events_a_snapshot_already_holds_are_skipped() -> None:
 
 def test_pending_prompts_count_until_they_end() -> None:
     view = ReplicaView(page_size=PAGE, synced=True)
-    names = prefix_block_hashes(np.arange(12), PAGE, "salt")
-    view.add_pending(names.tolist())
-    view.add_pending(names[:2].tolist())
+    names = prefix_block_hashes(np.arange(12), PAGE, "salt").tolist()
+    view.add_pending(names)
+    view.add_pending(names[:2])
     assert view.matched(names) == 3
-    view.remove_pending(names.tolist())
-    assert view.matched(names) == 2
-    view.remove_pending(names[:2].tolist())
+    view.remove_pending(names)
+    assert view.matched(names) == 2 and len(view.pending) == 2
+    view.remove_pending(names[:2])
     assert view.matched(names) == 0 and not view.pending
     view.enabled = False  # a replica without a radix cache holds nothing, pending or not
-    view.add_pending(names.tolist())
+    view.add_pending(names)
     assert view.matched(names) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(1, 6)), max_size=60))
+def test_pending_counts_follow_the_prompts_in_flight(steps) -> None:
+    """Prompts start and end in any order (each a prefix of one of six chains, so they share
+    blocks): the view matches what is in flight, and holds nothing once nothing is."""
+    chains = [prefix_block_hashes(np.arange(8) + 100 * c, 1, None).tolist() for c in range(6)]
+    view = ReplicaView(synced=True)
+    in_flight: list[list[int]] = []
+    for start, chain, length in steps:
+        if start or not in_flight:
+            in_flight.append(chains[chain][:length])
+            view.add_pending(in_flight[-1])
+        else:
+            view.remove_pending(in_flight.pop(chain % len(in_flight)))
+        held = Counter(name for names in in_flight for name in names)
+        assert len(view.pending) == len(held)
+        for names in chains:
+            assert view.matched(names) == next((i for i, n in enumerate(names) if n not in held), len(names))
+    for names in in_flight:
+        view.remove_pending(names)
+    assert not view.pending
