@@ -14,7 +14,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 1
+# 2: block names (TreeEvent.blocks, GET /cache_blocks) from block_hash's tabled terms
+PROTOCOL_VERSION = 2
 # what the integers of a request may hold: the router packs them into int32 arrays (token ids,
 # counts, top_k) and int64 (seed)
 INT32_MAX = 2**31 - 1

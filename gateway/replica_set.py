@@ -24,7 +24,7 @@ from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.connections import ConnectionPool
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, open_session
-from radixcluster.protocol import ProtocolError, TreeEvent, decode
+from radixcluster.protocol import PROTOCOL_VERSION, ProtocolError, TreeEvent, decode
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +221,17 @@ class ReplicaSet:
             snapshot = await self.get_json(replica, "/cache_blocks", timeout=SNAPSHOT_TIMEOUT_S)
         except (*UPSTREAM_ERRORS, ValueError) as exc:
             logger.warning("replica %s: no cache snapshot: %s", replica.url, exc)
+            await asyncio.sleep(self.config.health.interval_s)
+            return
+        if snapshot.get("protocol") != PROTOCOL_VERSION:
+            # its names would match nothing: routed by load alone until both run one version
+            logger.error(
+                "replica %s names its cached blocks under protocol %s, this gateway under %s: "
+                "run the same radixcluster version on both",
+                replica.url,
+                snapshot.get("protocol", 1),
+                PROTOCOL_VERSION,
+            )
             await asyncio.sleep(self.config.health.interval_s)
             return
         names = np.frombuffer(base64.b64decode(snapshot["blocks"]), dtype="<u8")

@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 
 from radixcluster.block_hash import extend, initial_state
-from radixcluster.protocol import TreeEvent
+from radixcluster.protocol import PROTOCOL_VERSION, TreeEvent
 from radixcluster.router.cache.radix_tree import TreeNode
 
 
@@ -57,7 +57,13 @@ class TreeEventLog:
             end = start + len(node.key)
             stack.extend((child, end, end_state) for child in node.children.values())
         names = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.uint64)
-        return {"instance": self.instance, "seq": self.seq, "page_size": self.page_size, "blocks": names}
+        return {
+            "instance": self.instance,
+            "seq": self.seq,
+            "page_size": self.page_size,
+            "protocol": PROTOCOL_VERSION,  # how the blocks are named (a gateway checks it)
+            "blocks": names,
+        }
 
     def _start(self, node: TreeNode) -> tuple[int, int]:
         """Position and hash state where ``node``'s run begins (its parent's end)."""
