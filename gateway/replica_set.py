@@ -46,6 +46,7 @@ class ReplicaSet:
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._zmq = zmq.asyncio.Context()
         self._discovery: asyncio.Task | None = None
+        self._other_versions: set[str] = set()  # replicas whose blocks are named otherwise (logged once)
 
     def client_headers(self, authorization: str | None) -> dict[str, str]:
         """What a client's generation or cache call carries to a replica: the client's own
@@ -225,15 +226,18 @@ class ReplicaSet:
             return
         if snapshot.get("protocol") != PROTOCOL_VERSION:
             # its names would match nothing: routed by load alone until both run one version
-            logger.error(
-                "replica %s names its cached blocks under protocol %s, this gateway under %s: "
-                "run the same radixcluster version on both",
-                replica.url,
-                snapshot.get("protocol", 1),
-                PROTOCOL_VERSION,
-            )
+            if replica.url not in self._other_versions:
+                self._other_versions.add(replica.url)
+                logger.error(
+                    "replica %s names its cached blocks under protocol %s, this gateway under %s: "
+                    "run the same radixcluster version on both",
+                    replica.url,
+                    snapshot.get("protocol", 1),
+                    PROTOCOL_VERSION,
+                )
             await asyncio.sleep(self.config.health.interval_s)
             return
+        self._other_versions.discard(replica.url)
         names = np.frombuffer(base64.b64decode(snapshot["blocks"]), dtype="<u8")
         replica.view.load_snapshot(snapshot["instance"], int(snapshot["seq"]), int(snapshot["page_size"]), names)
 
