@@ -53,20 +53,31 @@ inline void prefetch_row(const char* row, int bytes) {
 }
 
 // acc[r] = alpha[r] * acc[r] + sum over the block's keys j of p[j][r] * V[j], for CG chunks of
-// W dimensions from c on.
-template <int NR, int CG, class T>
+// W dimensions from c on. PAIRS: bf16 dot products over two keys at a time, the weights of
+// keys 2i and 2i + 1 packed in p's row i (store_pairs); an odd last key is paired with zeros.
+template <int NR, int CG, bool PAIRS, class T>
 inline void weigh_values(const TileRows& rows, const KeyBlock<T>& keys, const float* alpha, int c) {
   F o[CG][NR];
   float* ac = rows.acc + c * W;
   for (int g = 0; g < CG; ++g)
     for (int r = 0; r < NR; ++r) o[g][r] = Vec::mul(Vec::load(ac + (g * W + r) * W), Vec::set1(alpha[r]));
   const float* pw = keys.scratch;
-  for (int j = 0; j < keys.nk; ++j) {
-    F weight[NR];
-    for (int r = 0; r < NR; ++r) weight[r] = Vec::set1(pw[j * W + r]);
-    for (int g = 0; g < CG; ++g) {
-      const F vc = load_row(keys.v[j] + c + g * W);
-      for (int r = 0; r < NR; ++r) o[g][r] = Vec::fma(weight[r], vc, o[g][r]);
+  if constexpr (PAIRS) {
+    static constexpr uint16_t zeros[W] = {};
+    const int32_t* pairs = reinterpret_cast<const int32_t*>(pw);
+    for (int j = 0; j < keys.nk; j += 2)
+      for (int g = 0; g < CG; ++g) {
+        const T* second = j + 1 < keys.nk ? keys.v[j + 1] + c + g * W : zeros;
+        Vec::dot_pairs<NR>(o[g], keys.v[j] + c + g * W, second, pairs + j / 2 * W);
+      }
+  } else {
+    for (int j = 0; j < keys.nk; ++j) {
+      F weight[NR];
+      for (int r = 0; r < NR; ++r) weight[r] = Vec::set1(pw[j * W + r]);
+      for (int g = 0; g < CG; ++g) {
+        const F vc = load_row(keys.v[j] + c + g * W);
+        for (int r = 0; r < NR; ++r) o[g][r] = Vec::fma(weight[r], vc, o[g][r]);
+      }
     }
   }
   for (int g = 0; g < CG; ++g)
@@ -121,12 +132,19 @@ inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
   Vec::store(rows.sum, Vec::fma(Vec::load(rows.sum), alpha, block_sum));
   float a[W];
   Vec::store(a, alpha);
+  // bf16 rows with bf16 dot products: P V by them too, each weight rounded to bf16 first (as
+  // FlashAttention rounds P); pair i overwrites scores 2i and 2i + 1 after they are read
+  constexpr bool PAIRS = std::is_same_v<T, uint16_t> && Vec::BF16_DOT;
+  if constexpr (PAIRS)
+    for (int j = 0; j < keys.nk; j += 2)
+      Vec::store_pairs(reinterpret_cast<int32_t*>(keys.scratch) + j / 2 * W, Vec::load(keys.scratch + j * W),
+                       j + 1 < keys.nk ? Vec::load(keys.scratch + (j + 1) * W) : Vec::zero());
   // P V in groups of CG head_dim chunks: CG * NR independent sums, enough to hide the FMA's
   // latency (one chunk at a time left NR chains of nk dependent FMAs)
   constexpr int CG = NR <= 3 ? 4 : NR <= 6 ? 2 : 1;
   int c = 0;
-  for (; c + CG * W <= d; c += CG * W) weigh_values<NR, CG>(rows, keys, a, c);
-  for (; c < d; c += W) weigh_values<NR, 1>(rows, keys, a, c);
+  for (; c + CG * W <= d; c += CG * W) weigh_values<NR, CG, PAIRS>(rows, keys, a, c);
+  for (; c < d; c += W) weigh_values<NR, 1, PAIRS>(rows, keys, a, c);
 }
 
 // attend_tile for a run-time row count 1..W

@@ -14,6 +14,9 @@ struct Vec {
   static constexpr bool BF16_DOT = false;
   static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
   static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
+  template <int N>
+  static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
+  static void store_pairs(int32_t*, F, F) {}
 
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float x) { return _mm256_set1_ps(x); }

@@ -25,10 +25,32 @@ struct Vec {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a),
                             (__m512bh)_mm512_broadcastd_epi32(_mm_cvtsi32_si128(both)));
   }
+  // acc[r] lane i += a[i] w[r].first + b[i] w[r].second for r < N: 16 values of two rows
+  // weighed by N pairs of bfloat16 weights (store_pairs), the rows interleaved once for all N
+  template <int N>
+  RC_INLINE static void dot_pairs(F* acc, const uint16_t* a, const uint16_t* b, const int32_t* w) {
+    const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
+                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
+    const __m512i pairs = _mm512_permutexvar_epi16(interleave(), both);
+    for (int r = 0; r < N; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)pairs, (__m512bh)_mm512_set1_epi32(w[r]));
+  }
+  // p[i] = the pair (a[i], b[i]) rounded to bfloat16 (nearest even), a's in the low half
+  static void store_pairs(int32_t* p, F a, F b) {
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave(), (__m512i)_mm512_cvtne2ps_pbh(b, a)));
+  }
+  // 16-bit lanes 0 16 1 17 ... 15 31: two halves' values alternating
+  static __m512i interleave() {
+    alignas(64) static constexpr uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    return _mm512_load_si512(order);
+  }
 #else
   static constexpr bool BF16_DOT = false;
   static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
   static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
+  template <int N>
+  static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
+  static void store_pairs(int32_t*, F, F) {}
 #endif
 
   static F zero() { return _mm512_setzero_ps(); }
