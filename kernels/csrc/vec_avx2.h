@@ -16,6 +16,7 @@ struct Vec {
   static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
   template <int N>
   static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
+  template <int S>
   static void store_pairs(int32_t*, F, F) {}
 
   static F zero() { return _mm256_setzero_ps(); }
@@ -51,6 +52,10 @@ struct Vec {
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F select_gt(F a, F b, F x, F y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
   static F round(F a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // lane i = a[order[i]]
+  static F permute(F a, const int32_t* order) {
+    return _mm256_permutevar8x32_ps(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(order)));
+  }
   static F pow2i(F n) {
     __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));

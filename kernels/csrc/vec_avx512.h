@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -31,18 +32,28 @@ struct Vec {
   RC_INLINE static void dot_pairs(F* acc, const uint16_t* a, const uint16_t* b, const int32_t* w) {
     const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a))),
                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)), 1);
-    const __m512i pairs = _mm512_permutexvar_epi16(interleave(), both);
+    const __m512i pairs = _mm512_permutexvar_epi16(pair_order<16>(), both);
     for (int r = 0; r < N; ++r) acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)pairs, (__m512bh)_mm512_set1_epi32(w[r]));
   }
-  // p[i] = the pair (a[i], b[i]) rounded to bfloat16 (nearest even), a's in the low half
+  // Two vectors of scores (W / S keys of S lanes each, b's keys after a's) rounded to bfloat16
+  // (nearest even) and stored in pairs of keys: p[i S + r] = (key 2i, key 2i + 1) of lane r
+  template <int S>
   static void store_pairs(int32_t* p, F a, F b) {
-    _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave(), (__m512i)_mm512_cvtne2ps_pbh(b, a)));
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi16(pair_order<S>(), (__m512i)_mm512_cvtne2ps_pbh(b, a)));
   }
-  // 16-bit lanes 0 16 1 17 ... 15 31: two halves' values alternating
-  static __m512i interleave() {
-    alignas(64) static constexpr uint16_t order[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-                                                       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    return _mm512_load_si512(order);
+  // the 16-bit lanes of two vectors of S-lane keys, keys 2i and 2i + 1's lane r side by side
+  // (S = 16: two rows' 16 values alternating)
+  template <int S>
+  static __m512i pair_order() {
+    alignas(64) static constexpr auto order = [] {
+      std::array<uint16_t, 32> o{};
+      for (int t = 0; t < 16; ++t) {
+        o[2 * t] = uint16_t(2 * (t / S) * S + t % S);
+        o[2 * t + 1] = uint16_t((2 * (t / S) + 1) * S + t % S);
+      }
+      return o;
+    }();
+    return _mm512_load_si512(order.data());
   }
 #else
   static constexpr bool BF16_DOT = false;
@@ -50,6 +61,7 @@ struct Vec {
   static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
   template <int N>
   static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
+  template <int S>
   static void store_pairs(int32_t*, F, F) {}
 #endif
 
@@ -84,6 +96,8 @@ struct Vec {
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F select_gt(F a, F b, F x, F y) { return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), x); }
   static F round(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // lane i = a[order[i]]
+  static F permute(F a, const int32_t* order) { return _mm512_permutexvar_ps(_mm512_loadu_si512(order), a); }
   static F pow2i(F n) {
     __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));

@@ -19,6 +19,7 @@ struct Vec {
   static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
   template <int N>
   static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
+  template <int S>
   static void store_pairs(int32_t*, F, F) {}
 
   static F zero() { return set1(0.0f); }
@@ -86,6 +87,12 @@ struct Vec {
     return r;
   }
   // 2**n for integral n in [-126, 127]
+  // lane i = a[order[i]]
+  static F permute(F a, const int32_t* order) {
+    F r;
+    for (int i = 0; i < W; ++i) r.v[i] = a.v[order[i]];
+    return r;
+  }
   static F pow2i(F n) {
     F r;
     for (int i = 0; i < W; ++i) {
