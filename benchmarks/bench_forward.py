@@ -14,8 +14,9 @@ Run: .venv/bin/python benchmarks/bench_forward.py [--sections split few layers k
   32, native backend: the layers one by one (Python between the kernels) against all of them in
   one native call (``LayerOps.decoder_layers``), fp32 and bf16. The other sections run the
   layers one by one, so that the profiler sees each layer's attention.
-- kernels: one layer's attention call at the workload's three shapes (decode B=32 ctx 660
-  shared; extend 644 over no prefix; 8 extends of 24 over a shared 620), native vs torch.
+- kernels: one layer's attention call at the workload's shapes (decode B=32 ctx 660 shared,
+  and the same planned as if nothing were shared; extend 644 over no prefix; 8 extends of 24
+  over a shared 620), native vs torch.
 - transformers: our runner (torch attention, page size 16) against transformers' forward.
 Every measurement alternates the things compared, so load from other processes hits both;
 figures are medians, and on a shared machine only the ratios mean much.
@@ -24,6 +25,7 @@ figures are medians, and on a shared machine only the ratios mean much.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import statistics
 import sys
@@ -232,6 +234,7 @@ def shapes(w: Workload) -> list[Shape]:
             [1] * w.batch,
             w.shared,
         ),
+        Shape(f"decode B={w.batch} ctx {w.context + 1}, nothing shared", [w.context] * w.batch, [1] * w.batch, 0),
         Shape(f"extend {w.shared + w.question}, prefix 0", [0], [w.shared + w.question], 0),
         Shape(
             f"{w.per_group * 2} x extend {w.question} over shared {w.shared}",
@@ -248,7 +251,7 @@ def kernel_inputs(shape: Shape, w: Workload, dtype: torch.dtype, heads: tuple[in
     gen = torch.Generator().manual_seed(0)
     if shape.new[0] == 1:
         table = torch.from_numpy(decode_tables(w))
-        groups, lens = groups_of(w)
+        groups, lens = groups_of(w) if shape.shared else (None, None)
         rows = w.rows
     else:
         n = len(shape.new)
@@ -351,6 +354,18 @@ def _decode_rates(
     return 1 / statistics.median(hf_times), 1 / statistics.median(our_times)
 
 
+def steady_allocator() -> None:
+    """glibc keeps freed memory in the process (mmap and trim thresholds at 1 GiB): otherwise
+    the torch reference's large temporaries are unmapped and faulted in again at every call,
+    which slowed a section run alone (kernels: fp32 2-4x, native calls too) and not one run
+    after the split's allocations had raised glibc's own thresholds."""
+    libc = ctypes.CDLL(None)
+    if hasattr(libc, "mallopt"):
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 1 << 30)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -362,6 +377,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    steady_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     w = Workload()
