@@ -12,7 +12,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -26,6 +25,7 @@ from radixcluster.process_tree import kill_survivors, started_processes
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
+from radixcluster.stop_flag import StopFlag
 
 logger = logging.getLogger("radixcluster")
 
@@ -84,7 +84,7 @@ class DataParallelLauncher:
         self.args = args
         self.actors: list[Any] = []
         self.gateway: BaseProcess | None = None
-        self.stopping = threading.Event()
+        self.stopping = StopFlag()
         self.runtime_dir = tempfile.mkdtemp(prefix="radixcluster-dp-")
         self.keys = cluster_keys(args)
 

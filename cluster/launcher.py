@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -30,6 +29,7 @@ from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady,
 from radixcluster.ray_cluster import StopRequested
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
+from radixcluster.stop_flag import StopFlag
 
 if TYPE_CHECKING:
     from radixcluster.ray_cluster import RayWorkers
@@ -41,6 +41,8 @@ logger = logging.getLogger("radixcluster")
 ROUTER_READY_S = 120
 STOP_GRACE_S = 15  # a process gets this long to exit once told to (the api: after its drain) before SIGKILL
 SURVIVOR_GRACE_S = 3
+# a signal this soon after the first is the same stop delivered twice (the command relays it too)
+SAME_SIGNAL_S = 0.5
 
 
 def _start_process(target: Callable[..., None], *args: object) -> BaseProcess:
@@ -86,7 +88,7 @@ class Launcher:
         self.router_control: Connection | None = None  # Shutdown or closing it stops the router
         self.group_up = False
         self.api: BaseProcess | None = None
-        self.stopping = threading.Event()
+        self.stopping = StopFlag()
         self.attention_backend = args.attention_backend
 
     def run(self) -> int:
@@ -111,8 +113,10 @@ class Launcher:
         """Only sets ``stopping`` (raising here would surface inside Ray's calls as a SystemError):
         the start-up checks it between its steps and while it waits, and gives up before the api
         exists; once it exists (it may answer /health, and so take requests, before this process
-        sees it ready) the stop drains. A second signal ends the api's drain at once."""
-        if self.stopping.is_set() and self.api is not None:
+        sees it ready) the stop drains. A second signal ends the api's drain at once, unless it
+        is the first one delivered twice: ``pkill -f radixcluster`` signals this process and the
+        command, which relays it within milliseconds."""
+        if self.stopping.seconds_set() > SAME_SIGNAL_S and self.api is not None:
             self._signal_api(signal.SIGINT)
         self.stopping.set()
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixcluster.process_tree import is_running, kill_survivors
+from radixcluster.stop_flag import StopFlag
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +29,13 @@ class StopRequested(Exception):
     """SIGTERM or Ctrl-C came while the command waited on Ray."""
 
 
-def check_stop(stopping: threading.Event) -> None:
+def check_stop(stopping: StopFlag) -> None:
     """StopRequested once ``stopping`` is set (the launchers look between their start-up steps)."""
     if stopping.is_set():
         raise StopRequested
 
 
-def get_or_stop(refs: list[Any], stopping: threading.Event) -> list[Any]:
+def get_or_stop(refs: list[Any], stopping: StopFlag) -> list[Any]:
     """``ray.get(refs)``, given up with StopRequested once ``stopping`` is set; the first failure
     is raised as soon as it is known (not after the others' timeouts). The launchers' signal
     handlers only set the event: an exception raised from a handler inside Ray's blocking calls
@@ -195,7 +195,7 @@ def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> N
         raise RayPlacementError(f"the Ray node {node[5:]} cannot host --tp-size {tp_size}: it needs {need}")
 
 
-def load_and_serve(workers: RayWorkers, stopping: threading.Event) -> None:
+def load_and_serve(workers: RayWorkers, stopping: StopFlag) -> None:
     """Load every rank's shard (concurrently: they rendezvous), then start their serving loops,
     whose object refs go to ``workers.serve_refs`` (one finishing means its rank stopped).
     Raises what a rank's start raised (a Ray error when its process died), or StopRequested."""

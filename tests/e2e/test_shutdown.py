@@ -1,6 +1,7 @@
 """Stopping a real `radixcluster up`: SIGTERM to the command alone (Kubernetes, Docker) drains it,
-running requests finish, those that cannot end with an error event, and no process is left; a
-SIGKILLed command takes its processes with it. An API key given in the environment never shows in
+running requests finish, those that cannot end with an error event, and no process is left; so
+does SIGTERM to all its processes of that command line at once (`pkill -f`); a SIGKILLed command
+takes its processes with it. An API key given in the environment never shows in
 a command line, and the command prints its URL once ready. (SIGTERM to a TP group's whole process
 group, as Ctrl-C sends it: tests/e2e/test_cluster.py, on its tp 3 server.)"""
 
@@ -49,6 +50,27 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
             # the endless one runs to --shutdown-timeout, then ends with an explicit error
             last = endless[0].result()
             assert last[-1] == "[DONE]" and last[-2]["error"]["code"] == 503
+        assert srv.process.wait(timeout=120) == 0
+        assert wait_gone(tree, 10) == set()
+
+
+def test_sigterm_to_every_process_of_the_command_line_at_once_is_one_stop():
+    # as `pkill -f radixcluster` sends it: to the command and the launcher it forked (which the
+    # command's relay reaches too); a second signal ends the drain, but this is one stop
+    with launch_server() as srv:
+        tree = descendants(srv.process.pid)
+        port = srv.url.rsplit(":", 1)[1]
+        same_line = [
+            pid
+            for pid in tree | {srv.process.pid}
+            if f"--port\0{port}\0" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        ]
+        assert len(same_line) >= 2
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = started_streams(srv, pool, [48, 48])
+            for pid in same_line:
+                os.kill(pid, signal.SIGTERM)
+            assert all(finished_normally(f.result()) for f in running)
         assert srv.process.wait(timeout=120) == 0
         assert wait_gone(tree, 10) == set()
 
