@@ -106,8 +106,7 @@ def fork_into_own_group() -> int | None:
         return None
     os.setpgid(child, child)  # as the child does: whichever runs first, the group exists
     if os.fork() == 0:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, relayed)
-        _reap_when_closed(lifeline, held, child)
+        _reap_when_closed(lifeline, held, child)  # ignores the relayed signals, blocked or not
     os.close(lifeline)
 
     def relay(sig: int, _: object) -> None:
@@ -128,7 +127,11 @@ def fork_into_own_group() -> int | None:
 
 
 def _reap_when_closed(lifeline: int, held: int, group: int) -> None:
-    """The reaper: wait for the parent's end of the pipe to close, then kill ``group``."""
+    """The reaper: wait for the parent's end of the pipe to close, then kill ``group``. It shares
+    the command's line, so ``pkill -f`` signals it too: it ignores SIGTERM and SIGINT, else such
+    a stop would leave a later SIGKILL of the parent nothing to reap the group."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     os.close(held)
     os.setpgid(0, group)
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from multiprocessing import resource_tracker
+from pathlib import Path
 
 from radixcluster.process_tree import descendants, is_running, started_processes
 
@@ -61,6 +62,26 @@ def test_a_signal_to_the_callers_group_reaches_the_split_command_once():
     os.killpg(front.pid, signal.SIGTERM)  # the caller's group: the front only, which relays it
     assert front.wait(timeout=60) == 7
     assert wait_gone(child) and wait_gone(untied)  # what the child left in its group goes too
+
+
+def test_after_pkill_f_a_sigkilled_front_still_takes_the_whole_group_with_it():
+    # pkill -f signals every process of the command line: the front, its child and the reaper
+    # (forked from the front); a child still draining then outlives the signal
+    draining = SPLIT.replace("lambda *_: sys.exit(7)", "signal.SIG_IGN")
+    front = subprocess.Popen(
+        [sys.executable, "-c", draining], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    child, _, untied = (int(x) for x in front.stdout.readline().split())
+    line = Path(f"/proc/{front.pid}/cmdline").read_bytes()
+    same_line = [p for p in descendants(front.pid) | {front.pid} if Path(f"/proc/{p}/cmdline").read_bytes() == line]
+    assert len(same_line) == 3  # the front, the child, the reaper
+    for pid in same_line:
+        os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert is_running(child)
+    front.kill()
+    front.wait()
+    assert wait_gone(child) and wait_gone(untied)
 
 
 def test_a_sigkilled_front_takes_the_whole_group_with_it():
