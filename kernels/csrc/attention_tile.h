@@ -120,16 +120,11 @@ inline constexpr auto KEY_OF_LANE = [] {
   return key;
 }();
 
-// Every lane's value combined (max, or sum) with those of the other keys' lanes of its row.
-template <int S, int D = S>
-RC_INLINE F fold_max(F a) {
+// Every lane's value combined by ``op`` (max, add) with those of the other keys' lanes of its row.
+template <int S, int D = S, class Op>
+RC_INLINE F fold(F a, Op op) {
   if constexpr (D >= W) return a;
-  else return fold_max<S, D * 2>(Vec::max(a, Vec::permute(a, SWAP<D>.data())));
-}
-template <int S, int D = S>
-RC_INLINE F fold_sum(F a) {
-  if constexpr (D >= W) return a;
-  else return fold_sum<S, D * 2>(Vec::add(a, Vec::permute(a, SWAP<D>.data())));
+  else return fold<S, D * 2>(op(a, Vec::permute(a, SWAP<D>.data())), op);
 }
 
 // row r's value (lane r of a) in lane r of every key
@@ -200,7 +195,7 @@ inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
     block_max = Vec::max(block_max, s);
   }
   const F old_max = spread<S>(Vec::load(rows.max));
-  const F new_max = Vec::max(old_max, fold_max<S>(block_max));
+  const F new_max = Vec::max(old_max, fold<S>(block_max, Vec::max));
   // a row that has seen no visible key yet keeps max -inf; measure it from 0 (no NaN)
   const F base = Vec::select_gt(new_max, Vec::set1(NEG_INF), new_max, Vec::zero());
   const F alpha = exp(Vec::sub(old_max, base));
@@ -211,7 +206,7 @@ inline void attend_tile(const TileRows& rows, const KeyBlock<T>& keys) {
     block_sum = Vec::add(block_sum, e);
   }
   Vec::store(rows.max, new_max);
-  Vec::store(rows.sum, Vec::fma(spread<S>(Vec::load(rows.sum)), alpha, fold_sum<S>(block_sum)));
+  Vec::store(rows.sum, Vec::fma(spread<S>(Vec::load(rows.sum)), alpha, fold<S>(block_sum, Vec::add)));
   float a[W];
   Vec::store(a, alpha);
   // bf16 rows with bf16 dot products: P V by them too, each weight rounded to bf16 first (as

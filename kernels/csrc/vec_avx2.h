@@ -5,19 +5,14 @@
 
 #include <cstdint>
 
+#include "vec_no_bf16.h"
+
 namespace rc {
 
-struct Vec {
+// no bfloat16 dot products here: bf16 rows are widened to fp32 first
+struct Vec : NoBf16Dot {
   static constexpr int W = 8;
   using F = __m256;
-  // no bfloat16 dot products here: bf16 rows are widened to fp32 first
-  static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  template <int N>
-  static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
-  template <int S>
-  static void store_pairs(int32_t*, F, F) {}
 
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float x) { return _mm256_set1_ps(x); }

@@ -8,9 +8,15 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vec_no_bf16.h"
+
 namespace rc {
 
+#if defined(RC_ISA_AVX512_BF16)
 struct Vec {
+#else
+struct Vec : NoBf16Dot {
+#endif
   static constexpr int W = 16;
   using F = __m512;
 #if defined(RC_ISA_AVX512_BF16)
@@ -55,14 +61,6 @@ struct Vec {
     }();
     return _mm512_load_si512(order.data());
   }
-#else
-  static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  template <int N>
-  static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
-  template <int S>
-  static void store_pairs(int32_t*, F, F) {}
 #endif
 
   static F zero() { return _mm512_setzero_ps(); }

@@ -6,21 +6,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vec_no_bf16.h"
+
 namespace rc {
 
-struct Vec {
+// no bfloat16 dot products here: bf16 rows are widened to fp32 first
+struct Vec : NoBf16Dot {
   static constexpr int W = 4;
   struct F {
     float v[W];
   };
-  // no bfloat16 dot products here: bf16 rows are widened to fp32 first
-  static constexpr bool BF16_DOT = false;
-  static F dot_bf16(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  static F dot_bf16_pair(F acc, const uint16_t*, const uint16_t*) { return acc; }
-  template <int N>
-  static void dot_pairs(F*, const uint16_t*, const uint16_t*, const int32_t*) {}
-  template <int S>
-  static void store_pairs(int32_t*, F, F) {}
 
   static F zero() { return set1(0.0f); }
   static F set1(float x) {
@@ -86,13 +81,13 @@ struct Vec {
     for (int i = 0; i < W; ++i) r.v[i] = std::nearbyint(a.v[i]);
     return r;
   }
-  // 2**n for integral n in [-126, 127]
   // lane i = a[order[i]]
   static F permute(F a, const int32_t* order) {
     F r;
     for (int i = 0; i < W; ++i) r.v[i] = a.v[order[i]];
     return r;
   }
+  // 2**n for integral n in [-126, 127]
   static F pow2i(F n) {
     F r;
     for (int i = 0; i < W; ++i) {
