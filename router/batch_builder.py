@@ -31,6 +31,7 @@ def build_forward(
     input_ids: np.ndarray | Sequence[int],
     positions: np.ndarray | Sequence[int],
     logprob_starts: Sequence[int] | None = None,
+    logprob_next_ids: Sequence[int] | None = None,
 ) -> ForwardBatch:
     """Marks every request's table as synced: the caller sends this batch. Requests sharing a
     cached prefix are grouped from the tree nodes they hold locked (``prefix_groups``)."""
@@ -58,6 +59,7 @@ def build_forward(
         sampling=build_sampling(reqs),
         vocab_mask=build_vocab_mask(reqs, prefix_lens, extend_lens),
         logprob_starts=None if logprob_starts is None else np.array(logprob_starts, dtype=np.int32),
+        logprob_next_ids=None if logprob_next_ids is None else np.array(logprob_next_ids, dtype=np.int32),
         prefix_groups=None if groups is None else groups[0],
         prefix_group_lens=None if groups is None else groups[1],
     )
@@ -67,13 +69,26 @@ def build_prefill(
     step_id: int, reqs: Sequence[Request], prefix_lens: Sequence[int], extend_lens: Sequence[int]
 ) -> ForwardBatch:
     """A prefill (extend) step: each request computes fill tokens [prefix, prefix + extend)."""
-    ids, pos, starts = [], [], []
+    ids, pos, starts, next_ids = [], [], [], []
     for r, prefix, extend in zip(reqs, prefix_lens, extend_lens):
-        ids.append(r.fill_ids()[prefix : prefix + extend])
+        fill = r.fill_ids()
+        ids.append(fill[prefix : prefix + extend])
         pos.append(np.arange(prefix, prefix + extend, dtype=np.int32))
         starts.append(_logprob_start(r, prefix, extend))
-    wanted = starts if any(s >= 0 for s in starts) else None
-    return build_forward(step_id, reqs, prefix_lens, extend_lens, np.concatenate(ids), np.concatenate(pos), wanted)
+        # a chunk that ends inside the prompt scores the next chunk's first token as well
+        end = prefix + extend
+        next_ids.append(int(fill[end]) if starts[-1] >= 0 and end < r.prompt_len else -1)
+    wanted = any(s >= 0 for s in starts)
+    return build_forward(
+        step_id,
+        reqs,
+        prefix_lens,
+        extend_lens,
+        np.concatenate(ids),
+        np.concatenate(pos),
+        starts if wanted else None,
+        next_ids if wanted else None,
+    )
 
 
 def _logprob_start(req: Request, prefix_len: int, extend_len: int) -> int:

@@ -28,22 +28,21 @@ def apply_token(req: Request, token: int, i: int, result: StepResult, max_contex
 def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
     """Store the prompt logprobs of a prefill step. The worker returns, request after request,
     one value per new token from that request's ``logprob_starts`` entry on, its last new
-    token excepted (the logprob of the token after it). ``req.input_logprobs[i]`` scores
-    prompt token ``logprob_start_len + 1 + i``; the list is complete once the prefill is.
-
-    The token after a chunk's last position lies in the next chunk, which the worker has not
-    seen: it gets None, so later values keep their places."""
+    token excepted unless ``logprob_next_ids`` names the prompt token after it (a chunk of
+    the prompt). ``req.input_logprobs[i]`` scores prompt token ``logprob_start_len + 1 + i``;
+    the list is complete once the prefill is."""
     fwd = batch.forward
     if fwd.logprob_starts is None or result.input_logprobs is None:
         return
     values = result.input_logprobs
+    next_ids = fwd.logprob_next_ids.tolist() if fwd.logprob_next_ids is not None else [-1] * len(batch.requests)
     offset = 0
-    for req, start, prefix, extend in zip(
-        batch.requests, fwd.logprob_starts.tolist(), fwd.prefix_lens.tolist(), fwd.extend_lens.tolist()
+    for req, start, prefix, extend, next_id in zip(
+        batch.requests, fwd.logprob_starts.tolist(), fwd.prefix_lens.tolist(), fwd.extend_lens.tolist(), next_ids
     ):
         if start < 0:
             continue
-        n = max(0, extend - 1 - start)
+        n = max(0, extend - 1 - start) + (next_id >= 0)
         first, end = prefix + start, prefix + extend
         # keep positions whose next token is a prompt token: value i scores prompt token first + i + 1
         keep = max(0, min(n, req.prompt_len - 1 - first))
@@ -51,10 +50,6 @@ def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
             req.input_logprobs.extend(values[offset : offset + keep].tolist())
             if req.top_logprobs_num and result.input_top_logprob_ids is not None:
                 req.input_top_logprobs.extend(_top_rows(result, offset, keep, req.top_logprobs_num))
-            if end < req.prompt_len:
-                req.input_logprobs.append(None)
-                if req.top_logprobs_num:
-                    req.input_top_logprobs.append(None)
             req.input_logprob_next = min(end, req.prompt_len)
         offset += n
 

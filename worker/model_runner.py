@@ -102,7 +102,8 @@ class ModelRunner:
         """``forward``, then sampling on rank 0 (None on other ranks). With
         ``batch.logprob_starts``, ``input_logprobs`` holds, request after request, the
         logprob of the next prompt token at each new position from the request's start
-        on, its last new token excepted."""
+        on, its last new token excepted unless ``batch.logprob_next_ids`` names the token
+        after it."""
         logits = self._run(batch)
         if logits is None:
             return None
@@ -141,7 +142,7 @@ class ModelRunner:
             shared_lens=batch.prefix_group_lens,
         )
         last_rows = np.cumsum(batch.extend_lens, dtype=np.int64) - 1
-        prompt_rows = _prompt_rows(batch.extend_lens, batch.logprob_starts)
+        prompt_rows, targets = _prompt_rows(batch)
         input_ids = _tensor(batch.input_ids, torch.int64, self.device)
         logits = self.model(
             input_ids,
@@ -154,23 +155,30 @@ class ModelRunner:
             return None
         logits = logits.float()
         num_requests = len(last_rows)
-        return _Logits(
-            logits[:num_requests], logits[num_requests:], input_ids[_tensor(prompt_rows + 1, torch.int64, self.device)]
-        )
+        return _Logits(logits[:num_requests], logits[num_requests:], _tensor(targets, torch.int64, self.device))
 
 
-def _prompt_rows(extend_lens: np.ndarray, logprob_starts: np.ndarray | None) -> np.ndarray:
-    """Token rows whose next prompt token's logprob is asked: per request, its new tokens
-    from its logprob start up to, not including, its last."""
-    if logprob_starts is None:
-        return np.zeros(0, dtype=np.int64)
-    q_starts = np.cumsum(extend_lens, dtype=np.int64) - extend_lens
+def _prompt_rows(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows whose next prompt token's logprob is asked, and that token: per request,
+    its new tokens from its logprob start up to its last, which only counts when
+    ``logprob_next_ids`` names the token after it."""
+    if batch.logprob_starts is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    extend_lens = batch.extend_lens
+    ends = np.cumsum(extend_lens, dtype=np.int64)
+    next_ids = batch.logprob_next_ids if batch.logprob_next_ids is not None else np.full(len(extend_lens), -1)
+    # the token after each row: the next row's, or at a request's last row its logprob_next_id
+    following = np.append(batch.input_ids[1:], -1).astype(np.int64)
+    following[ends - 1] = next_ids
     spans = [
-        np.arange(q + start, q + length - 1, dtype=np.int64)
-        for q, start, length in zip(q_starts.tolist(), logprob_starts.tolist(), extend_lens.tolist())
+        np.arange(end - length + start, end - (nxt < 0), dtype=np.int64)
+        for end, start, length, nxt in zip(
+            ends.tolist(), batch.logprob_starts.tolist(), extend_lens.tolist(), next_ids.tolist()
+        )
         if start >= 0
     ]
-    return np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+    rows = np.concatenate(spans) if spans else np.zeros(0, dtype=np.int64)
+    return rows, following[rows]
 
 
 def _tensor(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

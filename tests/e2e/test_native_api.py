@@ -127,6 +127,20 @@ def test_logprobs_line_up_with_output_ids(server):
     assert len(tops) == meta["prompt_tokens"] and tops[0] is None and all(len(top) == 2 for top in tops[1:])
 
 
+def test_a_prompt_longer_than_a_chunk_is_scored_at_every_token(server):
+    """The prompt token after a chunk's end is scored at the chunk's last position (it was None):
+    the values equal those of a request whose one chunk holds that boundary inside it."""
+    prompt = " ".join(f"item{i}" for i in range(700))  # ~2,800 tokens: two chunks of 2,048 at most
+    whole = generate(server, prompt, max_new_tokens=1, return_logprob=True, logprob_start_len=0)["meta_info"]
+    entries = whole["input_token_logprobs"]
+    assert len(entries) == whole["prompt_tokens"] > 2048
+    assert [i for i, (lp, _, _) in enumerate(entries) if lp is None] == [0]
+    # from token 2,000 on: the cached prompt is matched up to there and the rest is one chunk
+    tail = generate(server, prompt, max_new_tokens=1, return_logprob=True, logprob_start_len=2000)["meta_info"]
+    later = [lp for lp, _, _ in tail["input_token_logprobs"][1:]]
+    assert later == pytest.approx([lp for lp, _, _ in entries[2001:]], abs=1e-3)
+
+
 def test_zero_new_tokens_only_prefills(server):
     result = generate(server, LONG_PROMPT + " Zero", max_new_tokens=0)
     assert result["output_ids"] == [] and result["text"] == ""

@@ -351,16 +351,19 @@ def test_a_prefill_step_carries_the_next_token_of_every_running_request(page_siz
         batch = s.schedule()
         fwd = batch.forward
         assert fwd.extend_lens.tolist() == [chunk, 1, 1] and fwd.logprob_starts.tolist() == [0, -1, -1]
+        end = scored + chunk
+        assert fwd.logprob_next_ids.tolist() == [late.prompt_ids[end] if end < 40 else -1, -1, -1]
         assert fwd.input_ids[chunk:].tolist() == [r.output_ids[-1] for r in early]
         assert fwd.positions[chunk:].tolist() == [r.prompt_len + n - 1 for r, n in zip(early, before)]
         result = ex(fwd)
-        result.input_logprobs = np.arange(scored, scored + chunk - 1, dtype=np.float32)  # the late request's only
+        # the late request's only: every new token's, its last one's where the prompt goes on
+        result.input_logprobs = np.arange(scored, scored + chunk - (end == 40), dtype=np.float32)
         scored += chunk
         s.process_result(batch, result)
         s.check_integrity()
         assert [len(r.output_ids) for r in early] == [n + 1 for n in before]
     assert len(late.output_ids) == 1
-    assert late.input_logprobs == [*range(15), None, *range(16, 31), None, *range(32, 39)]
+    assert late.input_logprobs == list(range(39))
     run(s, ex)
     check_outputs([*early, late])
 
@@ -413,17 +416,21 @@ def test_prompt_logprobs_of_a_batch_stay_with_their_requests() -> None:
     assert b.input_logprobs == [20, 21, 22, 23, 24, 25, 26, 27]  # tokens 4..11
 
 
-def test_prompt_logprobs_across_chunks_keep_their_places() -> None:
+def test_prompt_logprobs_across_chunks_score_every_token() -> None:
+    """A chunk's last position scores the next chunk's first token (the worker is told it), so
+    no prompt token goes unscored at a chunk boundary (they were None before)."""
     s, ex = make(chunk=8)
-    r = Request("c", rand(12, 33), SamplingParams(max_new_tokens=0), return_logprob=True, logprob_start_len=0)
+    prompt = rand(12, 33)
+    r = Request("c", prompt, SamplingParams(max_new_tokens=0), return_logprob=True, logprob_start_len=0)
     s.add_request(r)
-    for expected in (7, 3):
+    for expected, next_id in ((8, prompt[8]), (3, -1)):
         batch = s.schedule()
+        assert batch.forward.logprob_next_ids.tolist() == [next_id]
         result = ex(batch.forward)
-        result.input_logprobs = np.full(expected, -1.0, dtype=np.float32)
+        result.input_logprobs = np.arange(len(r.input_logprobs), len(r.input_logprobs) + expected, dtype=np.float32)
         s.process_result(batch, result)
-    # tokens 1..11: 7 scored in chunk one, token 8 unseen by the worker (None), 3 in chunk two
-    assert r.input_logprobs == [-1.0] * 7 + [None] + [-1.0] * 3
+    # tokens 1..11: 8 scored in chunk one (token 8 at its last position), 3 in chunk two
+    assert r.input_logprobs == list(range(11))
 
 
 def test_a_stale_result_is_refused() -> None:

@@ -40,6 +40,7 @@ class Extend:
     token_ids: list[int]
     prefix_len: int
     logprob_start: int = -1
+    logprob_next_id: int = -1  # the prompt token after these (a chunk), scored at the last
 
 
 class PageBook:
@@ -76,6 +77,7 @@ class PageBook:
                 self.synced[req.slot] = len(pages)
         self.step_id += 1
         i32 = lambda values: np.asarray(values, dtype=np.int32)  # noqa: E731
+        scored = any(r.logprob_start >= 0 for r in requests)
         return ForwardBatch(
             step_id=self.step_id,
             input_ids=i32([t for r in requests for t in r.token_ids]),
@@ -88,7 +90,6 @@ class PageBook:
             table_counts=i32(table_counts),
             table_pages=i32(table_pages),
             sampling=greedy_sampling(len(requests)),
-            logprob_starts=i32([r.logprob_start for r in requests])
-            if any(r.logprob_start >= 0 for r in requests)
-            else None,
+            logprob_starts=i32([r.logprob_start for r in requests]) if scored else None,
+            logprob_next_ids=i32([r.logprob_next_id for r in requests]) if scored else None,
         )

@@ -82,11 +82,13 @@ def test_input_logprobs_match_transformers(runner, hf_model, hf_tokenizer) -> No
     expected = full[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
     book = PageBook(runner.config.page_size, runner.config.num_pages)
     cut = 5
-    # chunk 1 asks from its token 2 on; chunk 2 (after a cached prefix) asks from its start;
-    # a decode in the same batch asks nothing
-    first = runner.step(book.batch([Extend(0, prompt[:cut], 0, logprob_start=2), Extend(1, [9], 0)]))
+    # chunk 1 asks from its token 2 on, and (told the next chunk's first token) at its last
+    # token too; chunk 2 (after a cached prefix) asks from its start; a decode in the same batch
+    # asks nothing
+    chunk = Extend(0, prompt[:cut], 0, logprob_start=2, logprob_next_id=prompt[cut])
+    first = runner.step(book.batch([chunk, Extend(1, [9], 0)]))
     second = runner.step(book.batch([Extend(1, [10], 1), Extend(0, prompt[cut:], cut, logprob_start=0)]))
-    torch.testing.assert_close(torch.from_numpy(first.input_logprobs), expected[2 : cut - 1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(first.input_logprobs), expected[2:cut], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.from_numpy(second.input_logprobs), expected[cut:], rtol=1e-4, atol=1e-4)
 
 
