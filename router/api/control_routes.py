@@ -13,7 +13,7 @@ from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.router_client import RouterError
 
 
-async def _tokenizer_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+async def tokenizer_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     """A tokenizer control call; what the router refuses (a bad chat, ids outside the
     vocabulary) is the client's 400."""
     try:
@@ -43,7 +43,7 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body = TokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        tokens = (await _tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
+        tokens = (await tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
         info = await ctx.client.control("server_info")
         return body.answer(tokens, info["context_length"])
 
@@ -51,7 +51,7 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = DetokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        return body.answer((await _tokenizer_call(ctx, "detokenize", body.router_args()))["texts"])
+        return body.answer((await tokenizer_call(ctx, "detokenize", body.router_args()))["texts"])
 
     @router.post("/abort_request")
     async def abort_request(request: Request) -> Response:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.control_routes import tokenizer_call
 from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.gateway_tokens import prompt_tokens
 from radixcluster.router.api.generation import (
@@ -65,8 +66,18 @@ def completion_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
     return {
         "tokens": [_token(tid) for _, tid, _ in entries],
         "token_logprobs": [lp for lp, _, _ in entries],
-        "top_logprobs": [{_token(tid): tlp for tlp, tid in tops} for _, _, tops in entries],
+        "top_logprobs": [None if tops is None else {_token(tid): tlp for tlp, tid in tops} for _, _, tops in entries],
     }
+
+
+def prompt_entries(gen: Generation) -> list[list[Any]]:
+    """The prompt's logprobs as entries like the output's, ``[logprob, id, tops]``; the first
+    token, which nothing scored, has None for both (as vLLM echoes it)."""
+    tops = gen.input_top_logprobs
+    return [
+        [lp, tid, None if lp is None else (tops[i] or []) if i < len(tops) else []]
+        for i, (lp, tid) in enumerate(gen.input_logprobs)
+    ]
 
 
 def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
@@ -84,9 +95,10 @@ def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
 
 
 def _requests(
-    body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int
+    body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int, prompt_logprobs: bool
 ) -> list[GenerateRequest]:
-    """``n`` requests per input, input-major, with distinct ids."""
+    """``n`` requests per input, input-major, with distinct ids; ``prompt_logprobs``: the
+    prompts' tokens scored too."""
     sampling = body.sampling().to_protocol()
     rids = derive_rids(body.rid, len(inputs) * body.n)
     return [
@@ -96,6 +108,7 @@ def _requests(
             stream=body.stream,
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs,
+            logprob_start_len=0 if prompt_logprobs else -1,
             cache_salt=body.cache_salt,
             pins=body.pins(),
             tokens=prompt_tokens(body.gateway_tokens, k // body.n),
@@ -109,17 +122,44 @@ def _head(kind: str, prefix: str, model: str) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
 
+def _echoed(gen: Generation, body: CompletionIn, echoes: list[str] | None, index: int) -> tuple[str, list[list[Any]]]:
+    """What ``echo`` puts before choice ``index``'s output: its prompt's text and, with
+    logprobs, the prompt's entries (nothing without ``echo``)."""
+    if echoes is None:
+        return "", []
+    return echoes[index // body.n], prompt_entries(gen) if body.prompt_logprobs else []
+
+
+async def _echo_texts(ctx: ApiContext, body: CompletionIn) -> list[str] | None:
+    """Each prompt's text for ``echo`` (None without it): a text as given, token ids read back
+    by the tokenizer."""
+    if not body.echo:
+        return None
+    prompts = body.prompts()
+    if all(isinstance(p, str) for p in prompts):
+        return [str(p) for p in prompts]
+    skip = body.skip_special_tokens is not False
+    return (await tokenizer_call(ctx, "detokenize", {"tokens": prompts, "skip_special_tokens": skip}))["texts"]
+
+
 async def _completion_chunks(
-    streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any]
+    streams: list[AsyncIterator[Generation]], body: CompletionIn, head: dict[str, Any], echoes: list[str] | None
 ) -> AsyncGenerator[dict[str, Any], None]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
+    # the echoed prompt goes out once, with its logprobs where asked (they come after the prefill)
+    pending = [echoes is not None] * len(streams)
     async for index, gen in merge(streams):
         latest[index] = gen
-        if gen.new_text or gen.new_output_logprobs or gen.finished:
+        text, entries = "", list[list[Any]]()
+        if pending[index] and (gen.input_logprobs or not body.prompt_logprobs):
+            text, entries = _echoed(gen, body, echoes, index)
+            pending[index] = False
+        if text or entries or gen.new_text or gen.new_output_logprobs or gen.finished:
+            entries = entries + gen.new_output_logprobs
             choice = {
                 "index": index,
-                "text": gen.new_text,
-                "logprobs": completion_logprobs(gen.new_output_logprobs) if body.logprobs is not None else None,
+                "text": text + gen.new_text,
+                "logprobs": completion_logprobs(entries) if body.logprobs is not None else None,
                 "finish_reason": finish_reason(gen),
             }
             yield {**head, "choices": [choice]}
@@ -157,12 +197,17 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     pinner = admin_check(ctx.config.admin_api_key)
 
     def run(
-        request: Request, body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int
+        request: Request,
+        body: OpenAIRequest,
+        inputs: list[dict[str, Any]],
+        return_logprob: bool,
+        top_logprobs: int,
+        prompt_logprobs: bool,
     ) -> list[AsyncIterator[Generation]]:
         if body.pins():
             pinner(request)  # a pin is a cache-control call: with an admin key, only its holder's
         deadline = deadline_of(body.deadline_s)
-        requests = _requests(body, inputs, return_logprob, top_logprobs)
+        requests = _requests(body, inputs, return_logprob, top_logprobs, prompt_logprobs)
         return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
@@ -182,27 +227,30 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         body = CompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
-        streams = run(request, body, inputs, wants_logprobs, body.logprobs or 0)
+        echoes = await _echo_texts(ctx, body)
+        streams = run(request, body, inputs, wants_logprobs, body.logprobs or 0, body.prompt_logprobs)
         if body.stream:
             head = _head("text_completion", "cmpl", model)
-            return await start_stream(request, _completion_chunks(streams, body, head))
+            return await start_stream(request, _completion_chunks(streams, body, head, echoes))
         gens = await collect(request, streams)
-        choices = [
-            {
-                "index": i,
-                "text": g.text,
-                "logprobs": completion_logprobs(g.output_logprobs) if wants_logprobs else None,
-                "finish_reason": finish_reason(g),
-            }
-            for i, g in enumerate(gens)
-        ]
+        choices = []
+        for i, g in enumerate(gens):
+            text, entries = _echoed(g, body, echoes, i)
+            choices.append(
+                {
+                    "index": i,
+                    "text": text + g.text,
+                    "logprobs": completion_logprobs(entries + g.output_logprobs) if wants_logprobs else None,
+                    "finish_reason": finish_reason(g),
+                }
+            )
         return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [{"messages": [m.as_dict() for m in body.messages]}]
-        streams = run(request, body, inputs, body.logprobs, body.top_logprobs or 0)
+        streams = run(request, body, inputs, body.logprobs, body.top_logprobs or 0, False)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
             return await start_stream(request, _chat_chunks(streams, body, head))

@@ -140,8 +140,6 @@ class CompletionIn(OpenAIRequest):
 
     @model_validator(mode="after")
     def _check(self) -> CompletionIn:
-        if self.echo:
-            raise ValueError("echo=true is not supported")
         prompts = self.prompts()
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompt must not be empty")
@@ -158,6 +156,12 @@ class CompletionIn(OpenAIRequest):
 
     def sampling(self) -> SamplingParamsIn:
         return self._sampling(self.max_tokens)
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """``echo`` with ``logprobs``: the prompt's tokens are scored too (how lm-eval asks
+        for a loglikelihood)."""
+        return self.echo and self.logprobs is not None
 
 
 class ContentPart(BaseModel):

@@ -88,7 +88,6 @@ OPENAI_CASES = {
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1},
         "max_tokens",
     ),
-    "completion with echo": ("/v1/completions", {"prompt": TEXT, "echo": True}, "echo"),
     "completion with a logit_bias beyond 100": ("/v1/completions", {"prompt": TEXT, "logit_bias": {"28": 1e9}}, "100"),
     "chat with a logit_bias on a word": (
         "/v1/chat/completions",

@@ -163,6 +163,55 @@ def test_completion_logprobs(client, model):
     assert all(len(top) == 3 for top in lp.top_logprobs)
 
 
+def test_completion_echo_scores_the_prompt_as_generate_does(server, client, model):
+    """echo with logprobs, as lm-eval's loglikelihood asks it (max_tokens 1, logprobs 1): the
+    prompt's text, then one entry per prompt token (the first unscored) equal to /generate's
+    prompt logprobs, then the output's; asked twice (the prompt cached by then), the same."""
+    prompt = "The capital of France is Paris"
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    native = requests.post(
+        server.url + "/generate",
+        json={**body, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1},
+        headers=server.headers(),
+        timeout=120,
+    ).json()["meta_info"]
+    expected = [lp for lp, _, _ in native["input_token_logprobs"]] + [native["output_token_logprobs"][0][0]]
+    for _ in range(2):
+        resp = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True)
+        choice = resp.choices[0]
+        assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+        lp = choice.logprobs
+        assert len(lp.tokens) == resp.usage.prompt_tokens + 1 == len(expected)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.token_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)
+        # the greedy check lm-eval makes: " Paris" is the most likely token after the question
+        assert lp.token_logprobs[-2] == pytest.approx(max(lp.top_logprobs[-2].values()), abs=1e-6)
+    # scoring the prompt computes it again: nothing of it comes from the cache
+    assert resp.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_completion_echo_of_token_ids_zero_tokens_and_streams(client, model):
+    """Token ids echo as the tokenizer reads them back; max_tokens 0 echoes the prompt alone;
+    a stream's chunks add up to the whole answer, the prompt first."""
+    ids = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+    resp = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert resp.choices[0].text == "The capital of France is"
+    assert resp.usage.completion_tokens == 0
+    assert len(resp.choices[0].logprobs.token_logprobs) == len(ids)
+    assert resp.choices[0].logprobs.top_logprobs[1:] == [{}] * (len(ids) - 1)
+    plain = client.completions.create(model=model, prompt="Hello, my name is", max_tokens=6, temperature=0)
+    params = dict(model=model, prompt="Hello, my name is", max_tokens=6, temperature=0, echo=True, n=2)
+    whole = client.completions.create(**params)
+    assert [c.text for c in whole.choices] == ["Hello, my name is" + plain.choices[0].text] * 2
+    chunks = [c.choices[0] for c in client.completions.create(**params, stream=True, logprobs=2) if c.choices]
+    for index in (0, 1):
+        mine = [c for c in chunks if c.index == index]
+        assert mine[0].text.startswith("Hello, my name is")
+        assert "".join(c.text for c in mine) == whole.choices[index].text
+        scored = [v for c in mine for v in c.logprobs.token_logprobs]
+        assert len(scored) == whole.usage.prompt_tokens + whole.usage.completion_tokens // 2 and scored[0] is None
+
+
 def test_completion_streaming_matches_the_whole_text(client, model):
     whole = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
     chunks = list(
@@ -184,7 +233,7 @@ def test_sdk_raises_bad_request_for_invalid_parameters(client, model):
         client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, temperature=-1)
     assert "temperature" in str(info.value)
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model=model, prompt="hi", max_tokens=4, echo=True)
+        client.completions.create(model=model, prompt="hi", max_tokens=4, suffix="!")
     assert client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0).choices
 
 

@@ -114,7 +114,7 @@ def test_buffered_completion_deltas_and_logprobs_line_up(tmp_path: Path) -> None
     async def body(client: RouterClient, router: FakeRouterSockets) -> list[dict[str, Any]]:
         streams = [run_generation(client, request("t-0"), ApiMetrics())]
         spec = CompletionIn.model_validate({"prompt": "hi", "logprobs": 0, "stream": True})
-        return await read_after_everything_arrived(client, router, _completion_chunks(streams, spec, {}), ["t-0"])
+        return await read_after_everything_arrived(client, router, _completion_chunks(streams, spec, {}, None), ["t-0"])
 
     chunks = asyncio.run(run_with_router(tmp_path, body))
     choices = [c["choices"][0] for c in chunks]
