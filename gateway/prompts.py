@@ -145,7 +145,8 @@ class PromptReader:
         if kind == COMPLETIONS:
             completion = CompletionIn.model_validate(body)
             inputs, tokenized = self._tokenize(completion.prompts())
-            prompts = [_prompt(ids, completion.cache_salt) for ids in inputs for _ in range(completion.n)]
+            start = 0 if completion.prompt_logprobs else -1  # echo with logprobs scores the whole prompt
+            prompts = [_prompt(ids, completion.cache_salt, start) for ids in inputs for _ in range(completion.n)]
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         chat = ChatCompletionIn.model_validate(body)

@@ -152,6 +152,11 @@ def test_the_match_limit_is_all_but_the_last_token_and_not_past_the_first_logpro
         NATIVE, {"input_ids": list(range(1, 50)), "return_logprob": True, "logprob_start_len": 20}
     ).prompts
     assert scored.match_limit == 20
+    # a completion's echo with logprobs scores its whole prompt: nothing of it can be matched
+    echoed = reader.read(COMPLETIONS, {"prompt": list(range(1, 50)), "echo": True, "logprobs": 0, "n": 2}).prompts
+    assert [p.match_limit for p in echoed] == [0, 0]
+    (echo_only,) = reader.read(COMPLETIONS, {"prompt": list(range(1, 50)), "echo": True}).prompts
+    assert echo_only.match_limit == 48
 
 
 @pytest.mark.parametrize(
