@@ -98,7 +98,10 @@ class OpenAIRequest(BaseModel):
     @classmethod
     def _supported(cls, data: Any) -> Any:
         # SGLang's extensions it would act on (lora_path, ...) are refused here too
-        return drop_unsupported(data, UNSUPPORTED_OPENAI)
+        data = drop_unsupported(data, UNSUPPORTED_OPENAI)
+        # OpenAI's fields are nullable, and clients (LangChain, LiteLLM) send nulls: a null
+        # field is a field left out
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @property
     def include_usage(self) -> bool:

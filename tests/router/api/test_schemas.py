@@ -250,6 +250,22 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
     assert "suffix" in refusal(CompletionIn, {"prompt": "hi", "suffix": "."})
 
 
+@pytest.mark.parametrize("model, body", [(CompletionIn, {"prompt": "hi"}), (ChatCompletionIn, {"messages": CHAT})])
+def test_a_null_openai_field_is_the_field_left_out(model: type, body: dict) -> None:
+    nullable = (
+        "temperature",
+        "top_p",
+        "n",
+        "max_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "stream",
+        "logprobs",
+    )
+    assert model.model_validate({**body, **dict.fromkeys(nullable)}) == model.model_validate(body)
+    assert "prompt" in refusal(CompletionIn, {"prompt": None})
+
+
 def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
     chat = ChatCompletionIn.model_validate({"messages": CHAT, "logit_bias": {"28": 5, "100": -100}})
     assert chat.sampling().to_protocol().logit_bias == {28: 5.0, 100: -100.0}
