@@ -109,9 +109,11 @@ class PromptReader:
         packed = [None if ids is None else pack_ids(ids) for ids in tokenized]
         return json.dumps({"tokenizer": self.tokenizer.fingerprint, "prompts": packed}).encode()
 
-    def _encode(self, text: str | None = None, messages: list[dict[str, Any]] | None = None) -> np.ndarray:
+    def _encode(
+        self, text: str | None = None, messages: list[dict[str, Any]] | None = None, continue_final: bool = False
+    ) -> np.ndarray:
         try:
-            rendered, add_special = prompt_text(self.tokenizer, text, messages)
+            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final)
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return np.asarray(self._encoder.encode(rendered, add_special), dtype=np.int64)
@@ -150,7 +152,7 @@ class PromptReader:
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         chat = ChatCompletionIn.model_validate(body)
-        ids = self._encode(messages=[m.as_dict() for m in chat.messages])
+        ids = self._encode(messages=[m.as_dict() for m in chat.messages], continue_final=chat.continue_final_message)
         prompts = [_prompt(ids, chat.cache_salt) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])
         return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

@@ -55,7 +55,7 @@ class RequestIntake:
         if msg.messages is None and msg.text is None:
             raise RequestRejected("one of text, input_ids or messages is required")
         try:
-            text, add_special = prompt_text(self.tokenizer, msg.text, msg.messages)
+            text, add_special = prompt_text(self.tokenizer, msg.text, msg.messages, msg.continue_final_message)
         except ValueError as exc:
             raise RequestRejected(f"invalid chat messages: {exc}") from exc
         self.check_text(text)

@@ -249,7 +249,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        inputs = [{"messages": [m.as_dict() for m in body.messages]}]
+        inputs = [
+            {"messages": [m.as_dict() for m in body.messages], "continue_final_message": body.continue_final_message}
+        ]
         streams = run(request, body, inputs, body.logprobs, body.top_logprobs or 0, False)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)

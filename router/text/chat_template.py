@@ -98,18 +98,33 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
     special_tokens: dict[str, str | None] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
     """The prompt text for ``messages`` (validated first, see ``validate_messages``).
 
     ``special_tokens`` supplies the template variables ``bos_token``, ``eos_token`` etc.
+    ``continue_final_message``: the text ends inside the last message, an assistant's, so
+    the model goes on with it (no end of turn, no generation prompt), as transformers cuts it.
     A template that calls ``raise_exception`` (e.g. on roles it does not accept) raises
     ValueError with its message.
     """
     checked = validate_messages(messages)
+    final = checked[-1]["content"]
+    if continue_final_message and (checked[-1]["role"] != "assistant" or not final):
+        raise ValueError("continue_final_message needs the last message to be an assistant's, with content")
     compiled = _compile(template or CHATML_FALLBACK)  # a broken model template is our fault, not the client's
     try:
-        return compiled.render(
-            messages=checked, tools=tools, add_generation_prompt=add_generation_prompt, **(special_tokens or {})
+        text = compiled.render(
+            messages=checked,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            **(special_tokens or {}),
         )
     except jinja2.exceptions.TemplateError as exc:
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
+    if not continue_final_message:
+        return text
+    end = text.rfind(final)
+    if end < 0:
+        raise ValueError("the chat template does not write the last message as given, so it cannot be continued")
+    return text[: end + len(final)]

@@ -89,9 +89,12 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text for a conversation; ValueError (a 400) on malformed messages."""
-        return render_chat_template(self.chat_template, messages, add_generation_prompt, tools, self.template_tokens)
+        return render_chat_template(
+            self.chat_template, messages, add_generation_prompt, tools, self.template_tokens, continue_final_message
+        )
 
     def longest_token_chars(self) -> int:
         """The most characters of text one token stands for: the longest vocabulary entry (a

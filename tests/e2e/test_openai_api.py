@@ -13,6 +13,8 @@ import openai
 import pytest
 import requests
 
+from radixcluster.router.text.tokenizer import load_tokenizer
+
 pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -106,6 +108,29 @@ def test_chat_json_schema_response_format(client, model):
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
     assert json.loads(choice.message.content)["answer"] in ("yes", "no")
+
+
+def test_chat_continues_the_final_assistant_message(server, client, model, model_path):
+    """continue_final_message (SGLang's and vLLM's): the prompt ends inside the assistant's
+    message, as the native API answers that text; a last message of another role is a 400."""
+    messages = [*QUESTION, {"role": "assistant", "content": "The capital of France is"}]
+    resp = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, extra_body={"continue_final_message": True}
+    )
+    text = load_tokenizer(model_path).apply_chat_template(messages, continue_final_message=True)
+    assert text.endswith("The capital of France is")
+    native = requests.post(
+        server.url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": 6, "temperature": 0}},
+        headers=server.headers(),
+        timeout=120,
+    ).json()
+    assert resp.choices[0].message.content == native["text"]
+    assert resp.usage.prompt_tokens == native["meta_info"]["prompt_tokens"]
+    with pytest.raises(openai.BadRequestError, match="continue_final_message"):
+        client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=2, extra_body={"continue_final_message": True}
+        )
 
 
 def test_completion_from_text_and_token_ids(client, model):

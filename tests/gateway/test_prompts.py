@@ -84,6 +84,11 @@ def test_texts_and_chats_tokenize_as_the_router_does(reader, tokenizer) -> None:
     chat = reader.read(CHAT, {"messages": messages, "n": 3, "stream": True})
     assert [p.ids.tolist() for p in chat.prompts] == [router_ids(tokenizer, messages=messages)] * 3
     assert chat.stream and chat.usage_stride == 3 and not chat.include_usage
+    # a chat that continues its last (assistant's) message: the ids the router serves for it
+    answered = [*messages, {"role": "assistant", "content": "Hello"}]
+    (going_on,) = reader.read(CHAT, {"messages": answered, "continue_final_message": True}).prompts
+    assert going_on.ids.tolist() == router_ids(tokenizer, messages=answered, continue_final_message=True)
+    assert going_on.ids.tolist() != router_ids(tokenizer, messages=answered)
     completion = reader.read(COMPLETIONS, {"prompt": [[1, 2, 3], [4, 5]], "n": 2})
     assert [p.ids.tolist() for p in completion.prompts] == [[1, 2, 3], [1, 2, 3], [4, 5], [4, 5]]
 
