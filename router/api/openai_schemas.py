@@ -246,6 +246,8 @@ class ChatCompletionIn(OpenAIRequest):
             self.gateway_tokens.check_count(1)
         if self.continue_final_message and self.messages[-1].role != "assistant":
             raise ValueError("continue_final_message needs the last message to be an assistant's")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
         return self
 
     def sampling(self) -> SamplingParamsIn:

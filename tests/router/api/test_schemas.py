@@ -266,6 +266,12 @@ def test_a_null_openai_field_is_the_field_left_out(model: type, body: dict) -> N
     assert "prompt" in refusal(CompletionIn, {"prompt": None})
 
 
+def test_a_chats_top_logprobs_need_its_logprobs() -> None:
+    assert "top_logprobs needs logprobs" in refusal(ChatCompletionIn, {"messages": CHAT, "top_logprobs": 2})
+    ChatCompletionIn.model_validate({"messages": CHAT, "top_logprobs": 2, "logprobs": True})
+    ChatCompletionIn.model_validate({"messages": CHAT, "top_logprobs": 0})
+
+
 def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
     chat = ChatCompletionIn.model_validate({"messages": CHAT, "logit_bias": {"28": 5, "100": -100}})
     assert chat.sampling().to_protocol().logit_bias == {28: 5.0, 100: -100.0}
