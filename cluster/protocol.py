@@ -107,7 +107,7 @@ class GenerateRequest:
     text: str | None = None
     input_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
-    # the chat's text ends inside its last message, an assistant's, which the model continues
+    # the chat's text ends inside its last message (an assistant's, mostly), which the model continues
     continue_final_message: bool = False
     stream: bool = False
     return_logprob: bool = False

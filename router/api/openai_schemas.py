@@ -237,15 +237,13 @@ class ChatCompletionIn(OpenAIRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    # SGLang's and vLLM's: the answer goes on from the last message, an assistant's, unclosed
+    # SGLang's and vLLM's: the answer goes on from the last message (an assistant's), unclosed
     continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionIn:
         if self.gateway_tokens is not None:
             self.gateway_tokens.check_count(1)
-        if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise ValueError("continue_final_message needs the last message to be an assistant's")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
         return self

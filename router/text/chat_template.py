@@ -16,6 +16,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+# appended to the message a chat continues, to find where the template wrote its end (transformers' way)
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 CHATML_FALLBACK = (
     "{% for message in messages %}"
@@ -103,15 +105,14 @@ def render_chat_template(
     """The prompt text for ``messages`` (validated first, see ``validate_messages``).
 
     ``special_tokens`` supplies the template variables ``bos_token``, ``eos_token`` etc.
-    ``continue_final_message``: the text ends inside the last message, an assistant's, so
-    the model goes on with it (no end of turn, no generation prompt), as transformers cuts it.
+    ``continue_final_message``: the text ends inside the last message (no end of turn, no
+    generation prompt), so the model goes on with it, cut where transformers cuts it.
     A template that calls ``raise_exception`` (e.g. on roles it does not accept) raises
     ValueError with its message.
     """
     checked = validate_messages(messages)
-    final = checked[-1]["content"]
-    if continue_final_message and (checked[-1]["role"] != "assistant" or not final):
-        raise ValueError("continue_final_message needs the last message to be an assistant's, with content")
+    if continue_final_message:
+        checked[-1]["content"] += _CONTINUE_TAG
     compiled = _compile(template or CHATML_FALLBACK)  # a broken model template is our fault, not the client's
     try:
         text = compiled.render(
@@ -124,7 +125,8 @@ def render_chat_template(
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
     if not continue_final_message:
         return text
-    end = text.rfind(final)
+    end = text.rfind(_CONTINUE_TAG.strip())
     if end < 0:
         raise ValueError("the chat template does not write the last message as given, so it cannot be continued")
-    return text[: end + len(final)]
+    # a template that trims the message's end trimmed the tag's space too: trim what it would have
+    return text[:end] if text.startswith(_CONTINUE_TAG, end) else text[:end].rstrip()

@@ -90,14 +90,18 @@ def test_chat_template_matches_transformers(tokenizer: Tokenizer, hf_tokenizer, 
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=False) == no_prompt
 
 
-def test_continuing_the_final_message_matches_transformers(tokenizer: Tokenizer, hf_tokenizer) -> None:
-    messages = [*CONVERSATIONS["single_turn"], {"role": "assistant", "content": "The capital of France is"}]
+@pytest.mark.parametrize(
+    "last",
+    ["The capital of France is", "Two words ", "", "a\nb"],
+)
+def test_continuing_the_final_message_matches_transformers(tokenizer: Tokenizer, hf_tokenizer, last: str) -> None:
+    messages = [*CONVERSATIONS["single_turn"], {"role": "assistant", "content": last}]
     expected = hf_tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
     assert tokenizer.apply_chat_template(messages, continue_final_message=True) == expected
-    assert expected.endswith("The capital of France is")
-    for last in ({"role": "user", "content": "Go on"}, {"role": "assistant", "content": ""}):
-        with pytest.raises(ValueError, match="assistant"):
-            tokenizer.apply_chat_template([*messages[:-1], last], continue_final_message=True)
+    assert expected.endswith("<|im_start|>assistant\n" + last)
+    user_last = CONVERSATIONS["single_turn"]  # transformers continues any role's message
+    expected = hf_tokenizer.apply_chat_template(user_last, tokenize=False, continue_final_message=True)
+    assert tokenizer.apply_chat_template(user_last, continue_final_message=True) == expected
 
 
 def test_default_system_prompt_is_injected(tokenizer: Tokenizer) -> None:
