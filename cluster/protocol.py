@@ -266,8 +266,8 @@ class ForwardBatch:
     vocab_mask: np.ndarray | None = None
     # per request, first of its new tokens whose logprob is wanted; -1: none (input logprobs)
     logprob_starts: np.ndarray | None = None
-    # int32 [B], with logprob_starts: the prompt token after each request's last new token (a
-    # chunk of its prompt), scored at that last position too; -1: its prompt ends in this step
+    # int32 [B], set with logprob_starts: the prompt token after each request's last new token
+    # (a chunk of its prompt), scored at that last position too; -1: its prompt ends in this step
     logprob_next_ids: np.ndarray | None = None
     # requests whose contexts share a cached prefix (the radix tree's pages), so attention can
     # read it once per group: int32 [B], each request's group or -1; None when no two share

@@ -35,7 +35,8 @@ def record_input_logprobs(batch: ScheduledBatch, result: StepResult) -> None:
     if fwd.logprob_starts is None or result.input_logprobs is None:
         return
     values = result.input_logprobs
-    next_ids = fwd.logprob_next_ids.tolist() if fwd.logprob_next_ids is not None else [-1] * len(batch.requests)
+    assert fwd.logprob_next_ids is not None, "logprob_next_ids comes with logprob_starts"
+    next_ids = fwd.logprob_next_ids.tolist()
     offset = 0
     for req, start, prefix, extend, next_id in zip(
         batch.requests, fwd.logprob_starts.tolist(), fwd.prefix_lens.tolist(), fwd.extend_lens.tolist(), next_ids

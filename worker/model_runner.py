@@ -166,7 +166,8 @@ def _prompt_rows(batch: ForwardBatch) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     extend_lens = batch.extend_lens
     ends = np.cumsum(extend_lens, dtype=np.int64)
-    next_ids = batch.logprob_next_ids if batch.logprob_next_ids is not None else np.full(len(extend_lens), -1)
+    next_ids = batch.logprob_next_ids
+    assert next_ids is not None, "logprob_next_ids comes with logprob_starts"
     # the token after each row: the next row's, or at a request's last row its logprob_next_id
     following = np.append(batch.input_ids[1:], -1).astype(np.int64)
     following[ends - 1] = next_ids

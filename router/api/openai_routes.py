@@ -73,11 +73,8 @@ def completion_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
 def prompt_entries(gen: Generation) -> list[list[Any]]:
     """The prompt's logprobs as entries like the output's, ``[logprob, id, tops]``; the first
     token, which nothing scored, has None for both (as vLLM echoes it)."""
-    tops = gen.input_top_logprobs
-    return [
-        [lp, tid, None if lp is None else (tops[i] or []) if i < len(tops) else []]
-        for i, (lp, tid) in enumerate(gen.input_logprobs)
-    ]
+    tops = gen.input_top_logprobs or [None] * len(gen.input_logprobs)  # empty without top_logprobs
+    return [[lp, tid, None if lp is None else top or []] for (lp, tid), top in zip(gen.input_logprobs, tops)]
 
 
 def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:

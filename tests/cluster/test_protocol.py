@@ -77,6 +77,7 @@ SAMPLES = [
         sampling=sampling_batch(),
         vocab_mask=np.full((2, 3), 0xFFFFFFFF, dtype=np.uint32).view(np.int32),
         logprob_starts=np.array([-1, 0], np.int32),
+        logprob_next_ids=np.array([-1, 7], np.int32),
     ),
     p.StepResult(
         step_id=3,
