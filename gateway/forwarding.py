@@ -45,8 +45,8 @@ class _NotServed(Exception):
 
 @dataclass(slots=True)
 class Dispatch:
-    """A request on its way to a replica: its prompts count as pending there, its tokens as
-    load, until ``end``."""
+    """A request on its way to a replica: its tokens count as load until ``end``, its prompts
+    as pending there until the replica's view has their blocks (after ``end``)."""
 
     placement: Placement
     tokens: int
@@ -64,9 +64,9 @@ class Dispatch:
         if self.ended:
             return
         self.ended = True
-        replica = self.placement.replica
+        replica, ended = self.placement.replica, time.monotonic()
         for names in self.placement.names:
-            replica.view.remove_pending(names)
+            replica.view.finish_pending(names, ended)
         replica.load.inflight_tokens -= self.tokens
         replica.load.inflight_requests -= 1
 

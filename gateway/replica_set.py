@@ -127,12 +127,14 @@ class ReplicaSet:
         while True:
             if replica.breaker.may_probe(time.monotonic()):
                 try:
+                    asked = time.monotonic()
                     load = await self.get_json(replica, "/load")
                     if not replica.healthy:
                         await self._join(replica)
                     replica.load.polled(load["prefilling_tokens"] + load["waiting_tokens"])
                     replica.poll_passed()
                     behind_at = self._check_events(replica, load, behind_at)
+                    replica.view.observed(load.get("tree_events_instance"), load.get("tree_events_seq"), asked)
                 except asyncio.TimeoutError:
                     # its router answers between steps, and a step can be long: busy, not gone
                     replica.poll_slow()

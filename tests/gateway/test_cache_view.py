@@ -1,5 +1,6 @@
 """ReplicaView: follows a real tree's events in order, refuses to guess across a gap or a
-restart, skips what a snapshot already holds, and counts prompts in flight as pending."""
+restart, skips what a snapshot already holds, and counts prompts in flight as pending, and
+answered ones until their event arrives."""
 
 from __future__ import annotations
 
@@ -79,19 +80,62 @@ def test_events_a_snapshot_already_holds_are_skipped() -> None:
     assert view.cached == set()
 
 
+def answered(view: ReplicaView, names: list[int]) -> None:
+    """The prompt was answered, and a poll after that found the view up to date."""
+    view.finish_pending(names, 1.0)
+    view.observed(view.instance, view.seq, 2.0)
+
+
 def test_pending_prompts_count_until_they_end() -> None:
     view = ReplicaView(page_size=PAGE, synced=True)
     names = prefix_block_hashes(np.arange(12), PAGE, "salt").tolist()
     view.add_pending(names)
     view.add_pending(names[:2])
     assert view.matched(names) == 3
-    view.remove_pending(names)
+    answered(view, names)
     assert view.matched(names) == 2 and len(view.pending) == 2
-    view.remove_pending(names[:2])
+    answered(view, names[:2])
     assert view.matched(names) == 0 and not view.pending
     view.enabled = False  # a replica without a radix cache holds nothing, pending or not
     view.add_pending(names)
     assert view.matched(names) == 0
+
+
+def test_an_answered_prompt_stays_pending_until_its_event_arrives() -> None:
+    """The router publishes a prompt's insert before its answer, but the event can reach the
+    gateway after it: a request that follows the answer must still find the prefix there."""
+    tree, log = tree_with_log()
+    view = synced(log, tree)
+    tokens = list(range(12))
+    names = prefix_block_hashes(np.asarray(tokens), PAGE, None).tolist()
+    view.add_pending(names)
+    insert(tree, tokens)  # computed; its event is on its way
+    view.finish_pending(names, ended=5.0)
+    view.observed(log.instance, log.seq, asked=4.0)  # a poll sent before the answer tells nothing
+    view.observed(log.instance, log.seq, asked=6.0)  # one sent after it: wait for event log.seq
+    assert view.matched(names) == 3 and view.cached == set()
+    for event in log.drain():
+        assert view.apply(event)
+    assert view.matched(names) == 3 and not view.pending and not view.finished
+
+
+def test_answered_prompts_are_released_by_a_view_that_waits_for_no_event() -> None:
+    tree, log = tree_with_log()
+    names = prefix_block_hashes(np.arange(8), PAGE, None).tolist()
+    for instance, seq in ((log.instance, None), ("another", 3)):  # no events published; a restart
+        view = synced(log, tree)
+        view.add_pending(names)
+        view.finish_pending(names, ended=1.0)
+        view.observed(instance, seq, asked=2.0)
+        assert view.matched(names) == 0 and not view.finished
+    view = synced(log, tree)
+    view.add_pending(names)
+    view.add_pending(names)  # a second prompt with them, still in flight
+    view.finish_pending(names, ended=1.0)
+    view.clear()  # down, or out of step: the snapshot it syncs from again has what landed
+    assert view.pending.held == set(names) and not view.finished
+    view.finish_pending(names, ended=2.0)  # answered while out of sync
+    assert not view.pending
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,11 +151,11 @@ def test_pending_counts_follow_the_prompts_in_flight(steps) -> None:
             in_flight.append(chains[chain][:length])
             view.add_pending(in_flight[-1])
         else:
-            view.remove_pending(in_flight.pop(chain % len(in_flight)))
+            answered(view, in_flight.pop(chain % len(in_flight)))
         held = Counter(name for names in in_flight for name in names)
         assert len(view.pending) == len(held)
         for names in chains:
             assert view.matched(names) == next((i for i, n in enumerate(names) if n not in held), len(names))
     for names in in_flight:
-        view.remove_pending(names)
+        answered(view, names)
     assert not view.pending

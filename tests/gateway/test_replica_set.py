@@ -1,5 +1,5 @@
 """ReplicaSet with a live replica: the view syncs from the replica's snapshot and follows its
-events; a snapshot whose blocks are named under another protocol version (another radixcluster
+events; an answered prompt counts as cached there until its event arrives; a snapshot whose blocks are named under another protocol version (another radixcluster
 version) is refused, and that replica is routed by load alone, predicting nothing cached."""
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ def replica() -> Iterator[ServerHandle]:
         yield handle
 
 
-def gateway(model_path, replica: ServerHandle) -> TestClient:
+def gateway(model_path, replica: ServerHandle, interval_s: float = 0.05) -> TestClient:
     config = GatewayConfig(
         host="127.0.0.1",
         port=0,
         model_path=model_path,
         replicas=[replica.url],
-        health=HealthTunables(interval_s=0.05),
+        health=HealthTunables(interval_s=interval_s),
     )
     return TestClient(create_app(config))
 
@@ -57,6 +57,42 @@ def test_the_view_syncs_and_predicts_what_the_replica_caches(model_path, replica
         again = client.post("/generate", json=PROMPT).json()["meta_info"]
     assert again["cached_tokens"] > 0
     assert again["predicted_cached_tokens"] == again["cached_tokens"], (first, again)
+
+
+def test_a_request_right_after_an_answer_finds_its_prefix_before_the_event_arrives(
+    model_path, replica, monkeypatch
+) -> None:
+    """The tree events are held back (as a slow network would) while a request repeats the
+    one just answered: its blocks are still pending on the replica, so the prediction is
+    exact; once the events flow, the answered prompts leave the pending set."""
+    held: list[bytes] = []
+    holding = [False]
+    apply = replica_set.ReplicaSet._apply
+
+    def late(self, replica, frame: bytes) -> None:
+        if holding[0]:
+            held.append(frame)
+            return
+        for earlier in held:
+            apply(self, replica, earlier)
+        held.clear()
+        apply(self, replica, frame)
+
+    monkeypatch.setattr(replica_set.ReplicaSet, "_apply", late)
+    prompt = {**PROMPT, "text": "A request that repeats the one just answered"}
+    # polls seconds apart: a view behind the router for a whole interval is resynced, which
+    # would show the blocks without the pending set
+    with gateway(model_path, replica, interval_s=3.0) as client:
+        resyncs = described(client, lambda r: r["synced"])["resyncs"]
+        holding[0] = True
+        client.post("/generate", json=prompt)
+        again = client.post("/generate", json=prompt).json()["meta_info"]
+        assert held and described(client, lambda r: False, timeout_s=0)["pending_blocks"] > 0
+        holding[0] = False
+        client.post("/generate", json={**PROMPT, "text": "A new prompt"})  # its event carries the held ones in
+        settled = described(client, lambda r: r["pending_blocks"] == 0)
+    assert again["cached_tokens"] > 0 and again["predicted_cached_tokens"] == again["cached_tokens"], again
+    assert settled["pending_blocks"] == 0 and settled["cached_blocks"] > 0 and settled["resyncs"] == resyncs
 
 
 def test_a_snapshot_named_under_another_protocol_version_is_refused(model_path, replica, monkeypatch, caplog) -> None:
