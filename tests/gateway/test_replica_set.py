@@ -82,7 +82,7 @@ def test_a_request_right_after_an_answer_finds_its_prefix_before_the_event_arriv
     prompt = {**PROMPT, "text": "A request that repeats the one just answered"}
     # polls seconds apart: a view behind the router for a whole interval is resynced, which
     # would show the blocks without the pending set
-    with gateway(model_path, replica, interval_s=3.0) as client:
+    with gateway(model_path, replica, interval_s=5.0) as client:
         resyncs = described(client, lambda r: r["synced"])["resyncs"]
         holding[0] = True
         client.post("/generate", json=prompt)
