@@ -1,17 +1,22 @@
 """SGLang's load generator (`python -m sglang.bench_serving`, `sglang/benchmark/serving.py` in
-0.5.23; `bench_serving.py` in 0.5.6) against a real `radixcluster up`. Its datasets and vision
-imports do not install on CPU, so these tests send the exact bodies its request functions
-send, with its default arguments, and parse the streamed answers the way it parses them."""
+0.5.23; `bench_serving.py` in 0.5.6) against a real `radixcluster up`: the released 0.5.6
+module itself, run on its locally generated shared-prefix dataset (0.5.23's imports want
+torchvision); and, for both versions, the exact bodies its request functions send, with its
+default arguments, the streamed answers parsed the way it parses them."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 import requests
 
 from support.api_helpers import TIMEOUT_S, get, post
+from support.sglang_frontend import RUN_TIMEOUT_S, SEED_VERSION, frontend_dir
 
 pytestmark = pytest.mark.slow
 
@@ -153,3 +158,29 @@ def test_flush_cache_with_timeout_waits_for_running_requests(server):
     rest = list(lines)
     assert rest[-1] == b"data: [DONE]"
     assert json.loads(rest[-2][6:])["meta_info"]["completion_tokens"] == 64  # not cut short
+
+
+def test_the_released_bench_serving_runs_against_the_server(server, hf_tokenizer, tmp_path):
+    tokenizer_dir = tmp_path / "tokenizer"
+    hf_tokenizer.save_pretrained(tokenizer_dir)
+    results = tmp_path / "results.jsonl"
+    groups, per_group, output_len = 2, 3, 4
+    command = [
+        sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
+        "--tokenizer", str(tokenizer_dir), "--dataset-name", "generated-shared-prefix",
+        "--gsp-num-groups", str(groups), "--gsp-prompts-per-group", str(per_group),
+        "--gsp-system-prompt-len", "64", "--gsp-question-len", "16", "--gsp-output-len", str(output_len),
+        "--output-file", str(results),
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(frontend_dir(SEED_VERSION)),
+        "HOME": str(tmp_path),  # its generated dataset is cached under ~/.cache
+        "HF_HUB_OFFLINE": "1",
+        "OPENAI_API_KEY": server.api_key or "",
+    }
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(results.read_text().splitlines()[-1])
+    assert result["completed"] == groups * per_group
+    assert result["total_output_tokens"] == groups * per_group * output_len
