@@ -35,4 +35,5 @@ def run_with_sglang(version: str, script: Path, *args: str, timeout: float = RUN
     )
     if done.returncode != 0:
         raise AssertionError(f"{script.name} under sglang {version} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # "\n" only: the JSON keeps the generated text's U+2028 or NEL unescaped, which splitlines() splits at
+    return json.loads(done.stdout.rstrip("\n").split("\n")[-1])
