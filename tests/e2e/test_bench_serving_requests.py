@@ -7,7 +7,6 @@ default arguments, the streamed answers parsed the way it parses them."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 import requests
 
 from support.api_helpers import TIMEOUT_S, get, post
-from support.sglang_frontend import RUN_TIMEOUT_S, SEED_VERSION, frontend_dir
+from support.sglang_frontend import RUN_TIMEOUT_S, SEED_VERSION, sglang_env
 
 pytestmark = pytest.mark.slow
 
@@ -173,8 +172,7 @@ def test_the_released_bench_serving_runs_against_the_server(server, hf_tokenizer
         "--output-file", str(results),
     ]  # fmt: skip
     env = {
-        **os.environ,
-        "PYTHONPATH": str(frontend_dir(SEED_VERSION)),
+        **sglang_env(SEED_VERSION),
         "HOME": str(tmp_path),  # its generated dataset is cached under ~/.cache
         "HF_HUB_OFFLINE": "1",
         "OPENAI_API_KEY": server.api_key or "",

@@ -26,12 +26,16 @@ def frontend_dir(version: str) -> Path:
     return path
 
 
+def sglang_env(version: str) -> dict[str, str]:
+    """This process's environment with the released ``sglang`` of ``version`` importable."""
+    return {**os.environ, "PYTHONPATH": str(frontend_dir(version))}
+
+
 def run_with_sglang(version: str, script: Path, *args: str, timeout: float = RUN_TIMEOUT_S) -> Any:
     """Run ``script`` with the released ``sglang`` of ``version`` importable; its last stdout
     line, as JSON."""
-    env = {**os.environ, "PYTHONPATH": str(frontend_dir(version))}
     done = subprocess.run(
-        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(script), *args], env=sglang_env(version), capture_output=True, text=True, timeout=timeout
     )
     if done.returncode != 0:
         raise AssertionError(f"{script.name} under sglang {version} failed:\n{done.stderr[-4000:]}")
