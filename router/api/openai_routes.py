@@ -1,11 +1,12 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions and /v1/chat/completions.
 
-The api never sees token text, so logprob entries name tokens as ``token_id:<id>`` (vLLM's
-``return_tokens_as_token_ids`` convention).
+Logprob entries name each token by its own text, which the router sends with the logprobs
+(``return_text_in_logprobs``), as vLLM and SGLang name them.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -58,15 +59,16 @@ def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
     }
 
 
-def _token(tid: int) -> str:
-    return f"token_id:{tid}"
-
-
-def completion_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
+def completion_logprobs(entries: list[list[Any]], texts: dict[int, str], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's completion logprobs of ``entries`` (``[logprob, id, tops]``); ``text_offset``
+    counts each token's text from ``offset``, the length of the choice's text before them."""
+    tokens = [texts[tid] for _, tid, _ in entries]
+    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
     return {
-        "tokens": [_token(tid) for _, tid, _ in entries],
+        "tokens": tokens,
         "token_logprobs": [lp for lp, _, _ in entries],
-        "top_logprobs": [None if tops is None else {_token(tid): tlp for tlp, tid in tops} for _, _, tops in entries],
+        "top_logprobs": [None if tops is None else {texts[tid]: tlp for tlp, tid in tops} for _, _, tops in entries],
+        "text_offset": offsets,
     }
 
 
@@ -77,17 +79,13 @@ def prompt_entries(gen: Generation) -> list[list[Any]]:
     return [[lp, tid, None if lp is None else top or []] for (lp, tid), top in zip(gen.input_logprobs, tops)]
 
 
-def chat_logprobs(entries: list[list[Any]]) -> dict[str, Any]:
+def chat_logprobs(entries: list[list[Any]], texts: dict[int, str]) -> dict[str, Any]:
+    def token(tid: int, logprob: float) -> dict[str, Any]:
+        text = texts[tid]
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
     return {
-        "content": [
-            {
-                "token": _token(tid),
-                "logprob": lp,
-                "bytes": None,
-                "top_logprobs": [{"token": _token(t), "logprob": tlp, "bytes": None} for tlp, t in tops],
-            }
-            for lp, tid, tops in entries
-        ]
+        "content": [{**token(tid, lp), "top_logprobs": [token(t, tlp) for tlp, t in tops]} for lp, tid, tops in entries]
     }
 
 
@@ -104,6 +102,7 @@ def _requests(
             sampling=sampling,
             stream=body.stream,
             return_logprob=return_logprob,
+            return_text_in_logprobs=return_logprob,
             top_logprobs_num=top_logprobs,
             logprob_start_len=0 if prompt_logprobs else -1,
             cache_salt=body.cache_salt,
@@ -145,6 +144,7 @@ async def _completion_chunks(
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
     # the echoed prompt goes out once, with its logprobs where asked (they come after the prefill)
     pending = [echoes is not None] * len(streams)
+    sent = [0] * len(streams)  # characters of text each choice has sent: its next text_offset
     async for index, gen in merge(streams):
         latest[index] = gen
         text, entries = "", list[list[Any]]()
@@ -153,12 +153,10 @@ async def _completion_chunks(
             pending[index] = False
         if text or entries or gen.new_text or gen.new_output_logprobs or gen.finished:
             entries = entries + gen.new_output_logprobs
-            choice = {
-                "index": index,
-                "text": text + gen.new_text,
-                "logprobs": completion_logprobs(entries) if body.logprobs is not None else None,
-                "finish_reason": finish_reason(gen),
-            }
+            text += gen.new_text
+            logprobs = completion_logprobs(entries, gen.token_texts, sent[index]) if body.logprobs is not None else None
+            sent[index] += len(text)
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(gen)}
             yield {**head, "choices": [choice]}
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
@@ -179,7 +177,7 @@ async def _chat_chunks(
             yield chunk(index, {"role": "assistant", "content": ""})
         latest[index] = gen
         if gen.new_text or gen.new_output_logprobs:
-            logprobs = chat_logprobs(gen.new_output_logprobs) if body.logprobs else None
+            logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
             yield chunk(index, {"content": gen.new_text}, logprobs)
         if gen.finished:
             yield chunk(index, {}, reason=finish_reason(gen))
@@ -237,7 +235,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                 {
                     "index": i,
                     "text": text + g.text,
-                    "logprobs": completion_logprobs(entries + g.output_logprobs) if wants_logprobs else None,
+                    "logprobs": completion_logprobs(entries + g.output_logprobs, g.token_texts)
+                    if wants_logprobs
+                    else None,
                     "finish_reason": finish_reason(g),
                 }
             )
@@ -258,7 +258,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             {
                 "index": i,
                 "message": {"role": "assistant", "content": g.text},
-                "logprobs": chat_logprobs(g.output_logprobs) if body.logprobs else None,
+                "logprobs": chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None,
                 "finish_reason": finish_reason(g),
             }
             for i, g in enumerate(gens)

@@ -15,7 +15,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
+# "developer": OpenAI's newer name for a system message, rendered as one (as SGLang renders it)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # appended to the message a chat continues, to find where the template wrote its end (transformers' way)
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
@@ -56,9 +57,9 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     """Copies of the messages with text-part lists joined into one string.
 
     Raises ValueError (the api's 400) naming the bad message: not a non-empty list of
-    dicts, a role outside system/user/assistant/tool, or content that is neither a
+    dicts, a role outside ``ROLES``, or content that is neither a
     string nor a list of ``{"type": "text", "text": ...}`` parts. An assistant message
-    carrying ``tool_calls`` may have no content.
+    carrying ``tool_calls`` may have no content; a developer message becomes a system one.
     """
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
@@ -72,7 +73,8 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         content = message.get("content")
         if content is None and role == "assistant" and message.get("tool_calls"):
             content = ""
-        checked.append({**message, "content": _content_text(content, index)})
+        role = "system" if role == "developer" else role
+        checked.append({**message, "role": role, "content": _content_text(content, index)})
     return checked
 
 

@@ -89,6 +89,20 @@ def test_chat_logprobs(client, model):
     entries = resp.choices[0].logprobs.content
     assert len(entries) == resp.usage.completion_tokens
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+    # each token by its text (as vLLM and SGLang name it), its UTF-8 bytes beside it
+    assert "".join(e.token for e in entries) == resp.choices[0].message.content
+    assert all(e.bytes == list(e.token.encode()) for e in entries)
+    assert [e.top_logprobs[0].token for e in entries] == [e.token for e in entries]  # greedy: the likeliest
+
+
+def test_a_developer_message_answers_as_a_system_message(client, model):
+    chat = [{"role": "developer", "content": "Answer in one word."}, *QUESTION]
+    system = [{**chat[0], "role": "system"}, *QUESTION]
+    answers = [
+        client.chat.completions.create(model=model, messages=m, max_tokens=6, temperature=0) for m in (chat, system)
+    ]
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    assert answers[0].usage.prompt_tokens == answers[1].usage.prompt_tokens
 
 
 def test_chat_json_schema_response_format(client, model):
@@ -182,6 +196,9 @@ def test_completion_logprobs(client, model):
     lp = resp.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == resp.usage.completion_tokens
     assert all(len(top) == 3 for top in lp.top_logprobs)
+    assert lp.tokens[0] == " Paris" and "".join(lp.tokens) == resp.choices[0].text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert all(max(top, key=top.get) == token for top, token in zip(lp.top_logprobs, lp.tokens))
 
 
 def test_completion_echo_scores_the_prompt_as_generate_does(server, client, model):
@@ -204,6 +221,7 @@ def test_completion_echo_scores_the_prompt_as_generate_does(server, client, mode
         lp = choice.logprobs
         assert len(lp.tokens) == resp.usage.prompt_tokens + 1 == len(expected)
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert "".join(lp.tokens) == choice.text and lp.tokens[-2] == " Paris"
         assert lp.token_logprobs[1:] == pytest.approx(expected[1:], abs=1e-4)
         # the greedy check lm-eval makes: " Paris" is the most likely token after the question
         assert lp.token_logprobs[-2] == pytest.approx(max(lp.top_logprobs[-2].values()), abs=1e-6)
@@ -231,6 +249,11 @@ def test_completion_echo_of_token_ids_zero_tokens_and_streams(client, model):
         assert "".join(c.text for c in mine) == whole.choices[index].text
         scored = [v for c in mine for v in c.logprobs.token_logprobs]
         assert len(scored) == whole.usage.prompt_tokens + whole.usage.completion_tokens // 2 and scored[0] is None
+        # the offsets run on across the chunks, each token's where its text starts in the choice's
+        offsets = [o for c in mine for o in c.logprobs.text_offset]
+        tokens = [t for c in mine for t in c.logprobs.tokens]
+        assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+        assert "".join(tokens) == whole.choices[index].text
 
 
 def test_completion_streaming_matches_the_whole_text(client, model):

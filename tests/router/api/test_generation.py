@@ -52,6 +52,7 @@ class FakeRouterSockets:
                         text=text,
                         output_ids=[100 + i],
                         output_logprobs=[[-0.5, 100 + i, []]],
+                        token_texts={100 + i: text},  # as the router sends them when logprobs are asked
                         finished=last,
                         finish_reason={"type": "length", "length": len(deltas)} if last else None,
                         prompt_tokens=3,
@@ -119,7 +120,9 @@ def test_buffered_completion_deltas_and_logprobs_line_up(tmp_path: Path) -> None
     chunks = asyncio.run(run_with_router(tmp_path, body))
     choices = [c["choices"][0] for c in chunks]
     assert [c["text"] for c in choices] == DELTAS
-    assert [c["logprobs"]["tokens"] for c in choices] == [[f"token_id:{100 + i}"] for i in range(len(DELTAS))]
+    assert [c["logprobs"]["tokens"] for c in choices] == [[text] for text in DELTAS]
+    # each chunk's offset: the characters the choice sent before it
+    assert [c["logprobs"]["text_offset"] for c in choices] == [[len("".join(DELTAS[:i]))] for i in range(len(DELTAS))]
     assert [c["finish_reason"] for c in choices] == [None] * (len(DELTAS) - 1) + ["length"]
 
 

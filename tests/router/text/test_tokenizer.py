@@ -115,6 +115,14 @@ def test_text_parts_are_joined(tokenizer: Tokenizer) -> None:
     assert tokenizer.apply_chat_template(parts) == tokenizer.apply_chat_template([{"role": "user", "content": "a\nb"}])
 
 
+def test_a_developer_message_is_a_system_message(tokenizer: Tokenizer) -> None:
+    # OpenAI's newer clients send "developer" where they sent "system"; SGLang renders it as one
+    chat = [{"role": "developer", "content": "Answer briefly."}, {"role": "user", "content": "Hi"}]
+    system = [{**chat[0], "role": "system"}, chat[1]]
+    assert tokenizer.apply_chat_template(chat) == tokenizer.apply_chat_template(system)
+    assert tokenizer.apply_chat_template(chat).startswith("<|im_start|>system\nAnswer briefly.<|im_end|>")
+
+
 @pytest.mark.parametrize(
     "messages, fragment",
     [
