@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -54,6 +57,27 @@ class RuntimeEndpoint:
         headers = {SESSION_HEADER: session_id} if session_id else None
         return self._request("POST", "/generate", payload, headers)
 
+    def generate_stream(self, payload: dict[str, Any], session_id: str | None = None) -> Iterator[dict[str, Any]]:
+        """``POST /generate`` with ``stream``: each event's answer so far (its ``text`` cumulative,
+        as the native API streams it). An error event raises ServerError with its message."""
+        headers = {SESSION_HEADER: session_id} if session_id else None
+        url = f"{self.base_url}/generate"
+        with self._reaching("/generate"):
+            with self._client.stream(
+                "POST", "/generate", json={**payload, "stream": True}, headers=headers
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ServerError(response.status_code, _error_message(response), url)
+                for line in response.iter_lines():
+                    data = line.removeprefix("data:").strip()
+                    if not line.startswith("data:") or data == "[DONE]":
+                        continue
+                    event = json.loads(data)
+                    if "error" in event:
+                        raise ServerError(int(event["error"].get("code", 500)), str(event["error"]["message"]), url)
+                    yield event
+
     def warm(self, text: str | None = None, input_ids: list[int] | None = None, **fields: Any) -> dict[str, Any]:
         """``POST /cache/warm``: compute a prefix (``text`` as /generate tokenizes it, or
         ``input_ids``) into the server's radix cache without generating, so the requests that
@@ -80,15 +104,21 @@ class RuntimeEndpoint:
     def _request(
         self, method: str, path: str, payload: dict[str, Any] | None = None, headers: dict[str, str] | None = None
     ) -> Any:
-        try:
+        with self._reaching(path):
             response = self._client.request(method, path, json=payload, headers=headers)
+        if response.status_code >= 400:
+            raise ServerError(response.status_code, _error_message(response), f"{self.base_url}{path}")
+        return response.json()
+
+    @contextmanager
+    def _reaching(self, path: str) -> Iterator[None]:
+        """Transport failures as the errors a program sees: TimeoutError, ConnectionError."""
+        try:
+            yield
         except httpx.TimeoutException as exc:
             raise TimeoutError(f"no answer from {self.base_url}{path} within the timeout: {exc}") from exc
         except httpx.HTTPError as exc:
             raise ConnectionError(f"cannot reach the server at {self.base_url}{path}: {exc}") from exc
-        if response.status_code >= 400:
-            raise ServerError(response.status_code, _error_message(response), f"{self.base_url}{path}")
-        return response.json()
 
     def __repr__(self) -> str:
         return f"RuntimeEndpoint({self.base_url!r}, chat_template={self.chat_template.name!r})"

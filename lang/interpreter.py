@@ -5,69 +5,91 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixcluster.lang.backend import RuntimeEndpoint
 from radixcluster.lang.ir import Concat, Expr, Gen, Role, Select
-from radixcluster.lang.trace import RequestLog, Trace
+from radixcluster.lang.run import Run
+from radixcluster.lang.trace import Trace
 
 
-def execute(expr: str | Expr, trace: Trace, backend: RuntimeEndpoint, log: RequestLog) -> None:
+def execute(expr: str | Expr, trace: Trace, run: Run) -> None:
     if isinstance(expr, str):
         trace.text += expr
     elif isinstance(expr, Concat):
         for part in expr.parts:
-            execute(part, trace, backend, log)
+            execute(part, trace, run)
     elif isinstance(expr, Role):
-        _role(expr, trace, backend, log)
+        _role(expr, trace, run)
     elif isinstance(expr, Gen):
-        _gen(expr, trace, backend, log)
+        _gen(expr, trace, run)
     elif isinstance(expr, Select):
-        _select(expr, trace, backend, log)
+        _select(expr, trace, run)
     else:
         raise TypeError(
             f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant"
         )
 
 
-def prefill(text: str, backend: RuntimeEndpoint, log: RequestLog) -> dict[str, Any]:
+def prefill(text: str, run: Run) -> dict[str, Any]:
     """Send ``text`` with max_new_tokens 0: it is computed and cached, nothing is generated."""
-    return _generate({"text": text, "sampling_params": {"max_new_tokens": 0}}, backend, log)
+    return _generate({"text": text, "sampling_params": {"max_new_tokens": 0}}, run)
 
 
-def _generate(payload: dict[str, Any], backend: RuntimeEndpoint, log: RequestLog) -> Any:
-    answer = backend.generate(payload, session_id=log.session_id)
+def _generate(payload: dict[str, Any], run: Run) -> Any:
+    answer = run.backend.generate(payload, session_id=run.log.session_id)
     for item in answer if isinstance(answer, list) else [answer]:
-        log.record(item["meta_info"])
+        run.log.record(item["meta_info"])
     return answer
 
 
-def _role(expr: Role, trace: Trace, backend: RuntimeEndpoint, log: RequestLog) -> None:
+def _stream(payload: dict[str, Any], name: str | None, trace: Trace, run: Run) -> dict[str, Any]:
+    """Generate with the answer appended to the text (and variable ``name``) as it arrives."""
+    answer: dict[str, Any] = {"text": "", "meta_info": {}}
+    trace.streaming = name
+    try:
+        for event in run.backend.generate_stream(payload, session_id=run.log.session_id):
+            trace.text += event["text"][len(answer["text"]) :]
+            if name is not None:
+                trace.variables[name] = event["text"]
+            answer = event
+            trace.touched()
+    finally:
+        trace.streaming = None
+    run.log.record(answer["meta_info"])
+    return answer
+
+
+def _role(expr: Role, trace: Trace, run: Run) -> None:
     if trace.role is not None:
         raise ValueError(f"a {expr.role} message cannot start inside the unfinished {trace.role} message")
-    template = backend.chat_template
+    template = run.backend.chat_template
     # The model's own template does this; without it our prompt would differ from the server's.
     if not trace.messages and expr.role != "system" and template.default_system_prompt:
-        _role(Role("system", template.default_system_prompt), trace, backend, log)
+        _role(Role("system", template.default_system_prompt), trace, run)
     trace.text += template.role_prefix[expr.role]
     trace.role = expr.role
     start = len(trace.text)
-    execute(expr.content, trace, backend, log)
+    execute(expr.content, trace, run)
     trace.messages.append({"role": expr.role, "content": trace.text[start:]})
     trace.text += template.role_suffix[expr.role]
     trace.role = None
 
 
-def _gen(expr: Gen, trace: Trace, backend: RuntimeEndpoint, log: RequestLog) -> None:
-    params = dict(expr.sampling_params)
-    if trace.role is not None and backend.chat_template.stop:
+def _gen(expr: Gen, trace: Trace, run: Run) -> None:
+    params = {**run.sampling, **expr.sampling_params}
+    template = run.backend.chat_template
+    if trace.role is not None and template.stop:
         # Inside a message the end-of-turn marker ends the generation, as the template requires.
         stop = params.get("stop") or []
-        params["stop"] = [*([stop] if isinstance(stop, str) else stop), *backend.chat_template.stop]
-    answer = _generate({"text": trace.text, "sampling_params": params}, backend, log)
-    trace.text += answer["text"]
+        params["stop"] = [*([stop] if isinstance(stop, str) else stop), *template.stop]
+    payload = {"text": trace.text, "sampling_params": params, **run.logprobs, **expr.logprob_params}
+    if run.stream:
+        answer = _stream(payload, expr.name, trace, run)
+    else:
+        answer = _generate(payload, run)
+        trace.text += answer["text"]
     trace.assign(expr.name, answer["text"], answer["meta_info"])
 
 
-def _select(expr: Select, trace: Trace, backend: RuntimeEndpoint, log: RequestLog) -> None:
+def _select(expr: Select, trace: Trace, run: Run) -> None:
     """Score every choice in one batched request and append the best by mean token logprob.
 
     The prefix-only request tells us its token count P (and caches it). The batch holds the
@@ -76,7 +98,7 @@ def _select(expr: Select, trace: Trace, backend: RuntimeEndpoint, log: RequestLo
     first position where its tokenization leaves the prefix's.
     """
     prefix = trace.text
-    prompt_tokens = prefill(prefix, backend, log)["meta_info"]["prompt_tokens"]
+    prompt_tokens = prefill(prefix, run)["meta_info"]["prompt_tokens"]
     answers = _generate(
         {
             "text": [prefix, *(prefix + choice for choice in expr.choices)],
@@ -84,8 +106,7 @@ def _select(expr: Select, trace: Trace, backend: RuntimeEndpoint, log: RequestLo
             "return_logprob": True,
             "logprob_start_len": max(prompt_tokens - 2, 0),
         },
-        backend,
-        log,
+        run,
     )
     prefix_entries = answers[0]["meta_info"]["input_token_logprobs"]
     scored = [_choice_entries(prefix_entries, answer["meta_info"]["input_token_logprobs"]) for answer in answers[1:]]

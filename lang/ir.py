@@ -27,10 +27,12 @@ class Concat(Expr):
 
 @dataclass(slots=True, frozen=True)
 class Gen(Expr):
-    """Generate text into variable ``name``; ``sampling_params`` holds only what was set."""
+    """Generate text into variable ``name``; ``sampling_params`` and ``logprob_params`` (the
+    request's logprob fields) hold only what was set."""
 
     name: str | None
     sampling_params: dict[str, Any]
+    logprob_params: dict[str, Any]
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,8 +61,10 @@ ExprLike = str | Expr
 def gen(
     name: str | None = None,
     max_tokens: int | None = None,
+    min_tokens: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -68,20 +72,27 @@ def gen(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
     choices: list[str] | None = None,
 ) -> Gen | Select:
-    """Generate into ``name``; unset parameters take the server's defaults. With ``choices``
-    this is ``select(name, choices)``. ``json_schema`` may be a dict or its JSON text."""
+    """Generate into ``name``; unset parameters take the run's defaults, else the server's. With
+    ``choices`` this is ``select(name, choices)``. ``json_schema`` may be a dict or its JSON text.
+    With ``return_logprob`` the gen's meta info holds the server's logprob fields."""
     if choices is not None:
         return select(name, choices)
     if isinstance(json_schema, dict):
         json_schema = json.dumps(json_schema)
     params = {
         "max_new_tokens": max_tokens,
+        "min_new_tokens": min_tokens,
         "stop": stop,
         "stop_token_ids": stop_token_ids,
+        "stop_regex": stop_regex,
         "temperature": temperature,
         "top_p": top_p,
         "top_k": top_k,
@@ -92,7 +103,18 @@ def gen(
         "regex": regex,
         "json_schema": json_schema,
     }
-    return Gen(name, {key: value for key, value in params.items() if value is not None})
+    logprobs = {
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
+    return Gen(name, given(params), given(logprobs))
+
+
+def given(values: dict[str, Any]) -> dict[str, Any]:
+    """The entries that are not None (the parameters a caller set)."""
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def select(name: str | None = None, choices: list[str] | None = None) -> Select:

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from radixcluster.lang.backend import RuntimeEndpoint
+from radixcluster.lang.run import start_run
 from radixcluster.lang.state import ProgramState
 
 MAX_BATCH_THREADS = 64
@@ -37,10 +38,21 @@ class SglFunction:
         self.func = func
         functools.update_wrapper(self, func)  # type: ignore[arg-type]  # typeshed expects a function
 
-    def run(self, *args: Any, backend: RuntimeEndpoint | None = None, **kwargs: Any) -> ProgramState:
+    def run(
+        self, *args: Any, backend: RuntimeEndpoint | None = None, stream: bool = False, **kwargs: Any
+    ) -> ProgramState:
         """Run the program to completion; the state holds its text and variables. A server
-        error raises here (ServerError, with the server's message)."""
-        state = ProgramState(_resolve(backend))
+        error raises here (ServerError, with the server's message).
+
+        As in SGLang, the sampling keywords (``max_new_tokens``, ``temperature``, ``stop``, ...,
+        ``run.SAMPLING_DEFAULTS``) and the logprob fields set every gen's defaults; the other
+        keywords are the program's. ``stream=True`` returns at once: the program runs on, its
+        gens stream, and ``state.text_iter()`` yields the text as it arrives."""
+        run = start_run(_resolve(backend), kwargs, stream)
+        state = ProgramState(run)
+        if stream:
+            state.start_program(lambda: self.func(state, *args, **kwargs))
+            return state
         self.func(state, *args, **kwargs)
         state.sync()
         return state
@@ -49,16 +61,22 @@ class SglFunction:
         self,
         batch_kwargs: list[dict[str, Any]],
         backend: RuntimeEndpoint | None = None,
-        num_threads: int | None = None,
+        num_threads: int | str | None = None,
         progress_bar: bool = False,
+        **defaults: Any,
     ) -> list[ProgramState]:
-        """Run the program once per keyword-argument dict, concurrently; states in input order."""
+        """Run the program once per keyword-argument dict, concurrently; states in input order.
+        ``defaults``: the sampling keywords of ``run``, for every run; ``num_threads`` "auto"
+        (SGLang's default) or None: one thread per program, at most 64."""
         backend = _resolve(backend)
         if not batch_kwargs:
             return []
-        workers = num_threads or min(len(batch_kwargs), MAX_BATCH_THREADS)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="radixcluster-batch") as pool:
-            futures = [pool.submit(self.run, backend=backend, **kwargs) for kwargs in batch_kwargs]
+        if num_threads == "auto" or num_threads is None:
+            num_threads = min(len(batch_kwargs), MAX_BATCH_THREADS)
+        if not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f'num_threads must be a positive int or "auto", got {num_threads!r}')
+        with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="radixcluster-batch") as pool:
+            futures = [pool.submit(self.run, backend=backend, **{**defaults, **kwargs}) for kwargs in batch_kwargs]
             if progress_bar:
                 for _ in tqdm(as_completed(futures), total=len(futures)):
                     pass

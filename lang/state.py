@@ -1,17 +1,20 @@
 """ProgramState: what a program's `s` is. Appends run in order on the state's own thread, so
-forks proceed concurrently while reads (`s["x"]`, `s.text()`) wait for what they need."""
+forks proceed concurrently while reads (`s["x"]`, `s.text()`) wait for what they need. A run
+with ``stream=True`` runs the program itself on a thread too, and `text_iter` reads its text as
+it arrives."""
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from radixcluster.lang.backend import RuntimeEndpoint
 from radixcluster.lang.interpreter import execute, prefill
 from radixcluster.lang.ir import Expr
-from radixcluster.lang.trace import RequestLog, Trace
+from radixcluster.lang.run import Run
+from radixcluster.lang.trace import Trace
 
 JOIN_MODES = ("gather_variable", "concate_and_append")
 
@@ -19,11 +22,14 @@ JOIN_MODES = ("gather_variable", "concate_and_append")
 class ProgramState:
     """The state of one running program (``s += ...``, ``s["name"]``, ``s.fork(n)``)."""
 
-    def __init__(self, backend: RuntimeEndpoint, trace: Trace | None = None, log: RequestLog | None = None) -> None:
-        self.backend = backend
+    def __init__(self, run: Run, trace: Trace | None = None) -> None:
+        self._run = run
         self._trace = trace or Trace()
-        self._log = log or RequestLog()
         self._forks: list[ProgramState] = []
+        # a streamed run's program, running on its own thread: set once it has returned
+        self._program: threading.Thread | None = None
+        self._program_done = threading.Event()
+        self._program_done.set()
         self._queue: deque[Callable[[], None]] = deque()
         self._lock = threading.Lock()
         self._idle = threading.Event()
@@ -36,7 +42,7 @@ class ProgramState:
             raise TypeError(
                 f"cannot append a {type(expr).__name__} to a program state: use str, gen, select, system, user or assistant"
             )
-        self._submit(lambda: execute(expr, self._trace, self.backend, self._log))
+        self._submit(lambda: execute(expr, self._trace, self._run))
         return self
 
     def __getitem__(self, name: str) -> Any:
@@ -46,9 +52,43 @@ class ProgramState:
         except KeyError:
             raise KeyError(f"no variable {name!r}; this program has {sorted(self._trace.variables)}") from None
 
+    @property
+    def backend(self) -> RuntimeEndpoint:
+        return self._run.backend
+
     def text(self) -> str:
         self.sync()
         return self._trace.text
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """The program's text, or variable ``var_name``'s, in pieces as they arrive (a run with
+        ``stream=True``; otherwise whole, once it is done). Ends when the program (or that
+        variable's gen) is done; the program's error, if any, is raised at the end."""
+        trace = self._trace
+        if not self._run.stream:
+            yield self.text() if var_name is None else self[var_name]
+            return
+
+        def current() -> str:
+            return trace.text if var_name is None else str(trace.variables.get(var_name, ""))
+
+        def done() -> bool:
+            generated = var_name in trace.variables and trace.streaming != var_name
+            return self._program_done.is_set() and self._idle.is_set() or (var_name is not None and generated)
+
+        sent = 0
+        while True:
+            with trace.changed:
+                while len(current()) <= sent and not done():
+                    trace.changed.wait()
+                piece, finished = current()[sent:], done()
+            sent += len(piece)
+            if piece:
+                yield piece
+            if finished:
+                break
+        if var_name is None or var_name not in trace.variables:
+            self.sync()  # the program's error, if that is why it ended
 
     def messages(self) -> list[dict[str, str]]:
         self.sync()
@@ -62,7 +102,7 @@ class ProgramState:
     def get_cache_hit_info(self) -> dict[str, Any]:
         """Prompt tokens sent by this run (its forks included) and how many hit the radix cache."""
         self.sync()
-        return self._log.cache_hit_info()
+        return self._run.log.cache_hit_info()
 
     def fork(self, n: int) -> ForkGroup:
         """``n`` copies of this state that continue independently and concurrently. The shared
@@ -71,8 +111,8 @@ class ProgramState:
             raise ValueError(f"fork needs n >= 1, got {n}")
         self.sync()
         if n > 1 and self._trace.text:
-            prefill(self._trace.text, self.backend, self._log)
-        forks = [ProgramState(self.backend, self._trace.fork(), self._log) for _ in range(n)]
+            prefill(self._trace.text, self._run)
+        forks = [ProgramState(self._run, self._trace.fork()) for _ in range(n)]
         self._forks.extend(forks)
         return ForkGroup(self, forks)
 
@@ -85,7 +125,10 @@ class ProgramState:
         self._submit(lambda: self._merge(forks, mode))
 
     def sync(self) -> None:
-        """Wait until everything appended so far (forks included) has run; raise its error."""
+        """Wait until everything appended so far (forks included) has run; raise its error.
+        Outside a streamed run's program, wait for the program to return first."""
+        if threading.current_thread() is not self._program:
+            self._program_done.wait()
         self._idle.wait()
         for fork in self._forks:
             fork.sync()
@@ -103,6 +146,23 @@ class ProgramState:
             values = [f._trace.variables.get(name) for f in forks]
             self._trace.assign(name, values, {"forks": [f._trace.meta_info.get(name) for f in forks]})
 
+    def start_program(self, program: Callable[[], None]) -> None:
+        """Run ``program`` (a streamed run's function) on its own thread; its error, if it
+        raises one, is this state's."""
+
+        def body() -> None:
+            try:
+                program()
+            except Exception as exc:
+                self._error = self._error or exc
+            finally:
+                self._program_done.set()
+                self._trace.touched()
+
+        self._program_done.clear()
+        self._program = threading.Thread(target=body, name="radixcluster-program", daemon=True)
+        self._program.start()
+
     def _submit(self, op: Callable[[], None]) -> None:
         with self._lock:
             self._queue.append(op)
@@ -118,7 +178,7 @@ class ProgramState:
                 if not self._queue:
                     self._draining = False
                     self._idle.set()
-                    return
+                    break
                 op = self._queue.popleft()
             # After a failure the program's text is incomplete: later appends are skipped.
             if self._error is None:
@@ -126,6 +186,8 @@ class ProgramState:
                     op()
                 except Exception as exc:
                     self._error = exc
+            self._trace.touched()
+        self._trace.touched()  # idle now: a reader waiting for the end sees it
 
     def __repr__(self) -> str:
         # No waiting here: a debugger's repr must not block on pending requests.

@@ -12,7 +12,9 @@ from typing import Any
 @dataclass(slots=True)
 class Trace:
     """One program's text so far. ``assigned`` names the variables set since this trace was
-    made (a fork's own results); ``fork_offset`` is where its text left its parent's."""
+    made (a fork's own results); ``fork_offset`` is where its text left its parent's.
+    ``streaming`` names the gen whose answer is arriving (its variable holds it so far), and
+    ``changed`` is notified whenever the text grows, for those who read it as it streams."""
 
     text: str = ""
     messages: list[dict[str, str]] = field(default_factory=list)
@@ -21,6 +23,8 @@ class Trace:
     role: str | None = None
     assigned: list[str] = field(default_factory=list)
     fork_offset: int = 0
+    streaming: str | None = None
+    changed: threading.Condition = field(default_factory=threading.Condition)
 
     def assign(self, name: str | None, value: Any, meta_info: dict[str, Any]) -> None:
         if name is None:
@@ -29,6 +33,10 @@ class Trace:
         self.meta_info[name] = meta_info
         if name not in self.assigned:
             self.assigned.append(name)
+
+    def touched(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
 
     def fork(self) -> Trace:
         return Trace(
