@@ -2,8 +2,22 @@
 
 from radixcluster.lang.backend import RuntimeEndpoint, ServerError
 from radixcluster.lang.chat_template import ChatTemplate, get_chat_template
-from radixcluster.lang.ir import assistant, gen, select, system, user
-from radixcluster.lang.program import SglFunction, function, set_default_backend
+from radixcluster.lang.ir import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixcluster.lang.program import SglFunction, flush_cache, function, get_server_info, set_default_backend
 from radixcluster.lang.state import ForkGroup, ProgramState
 
 __all__ = [
@@ -14,11 +28,21 @@ __all__ = [
     "ServerError",
     "SglFunction",
     "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
     "function",
     "gen",
+    "gen_int",
+    "gen_string",
     "get_chat_template",
+    "get_server_info",
     "select",
     "set_default_backend",
     "system",
+    "system_begin",
+    "system_end",
     "user",
+    "user_begin",
+    "user_end",
 ]

@@ -51,6 +51,12 @@ class RuntimeEndpoint:
         """``GET /get_server_info``."""
         return self._request("GET", "/get_server_info")
 
+    get_server_info = server_info  # SGLang's RuntimeEndpoint name
+
+    def flush_cache(self) -> dict[str, Any]:
+        """``POST /flush_cache``: empty the server's radix cache (refused while requests run)."""
+        return self._request("POST", "/flush_cache")
+
     def generate(self, payload: dict[str, Any], session_id: str | None = None) -> Any:
         """``POST /generate`` with a native-API body; the decoded JSON answer (a list for a batch).
         ``session_id`` goes out as ``X-Session-Id``: a gateway keeps a session on one replica."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixcluster.lang.ir import Concat, Expr, Gen, Role, Select
+from radixcluster.lang.ir import Concat, Expr, Gen, Role, RoleMark, Select
 from radixcluster.lang.run import Run
 from radixcluster.lang.trace import Trace
 
@@ -18,6 +18,8 @@ def execute(expr: str | Expr, trace: Trace, run: Run) -> None:
             execute(part, trace, run)
     elif isinstance(expr, Role):
         _role(expr, trace, run)
+    elif isinstance(expr, RoleMark):
+        _mark(expr, trace, run)
     elif isinstance(expr, Gen):
         _gen(expr, trace, run)
     elif isinstance(expr, Select):
@@ -58,18 +60,32 @@ def _stream(payload: dict[str, Any], name: str | None, trace: Trace, run: Run) -
 
 
 def _role(expr: Role, trace: Trace, run: Run) -> None:
+    _begin(expr.role, trace, run)
+    execute(expr.content, trace, run)
+    _end(expr.role, trace, run)
+
+
+def _mark(expr: RoleMark, trace: Trace, run: Run) -> None:
+    (_begin if expr.begin else _end)(expr.role, trace, run)
+
+
+def _begin(role: str, trace: Trace, run: Run) -> None:
     if trace.role is not None:
-        raise ValueError(f"a {expr.role} message cannot start inside the unfinished {trace.role} message")
+        raise ValueError(f"a {role} message cannot start inside the unfinished {trace.role} message")
     template = run.backend.chat_template
     # The model's own template does this; without it our prompt would differ from the server's.
-    if not trace.messages and expr.role != "system" and template.default_system_prompt:
+    if not trace.messages and role != "system" and template.default_system_prompt:
         _role(Role("system", template.default_system_prompt), trace, run)
-    trace.text += template.role_prefix[expr.role]
-    trace.role = expr.role
-    start = len(trace.text)
-    execute(expr.content, trace, run)
-    trace.messages.append({"role": expr.role, "content": trace.text[start:]})
-    trace.text += template.role_suffix[expr.role]
+    trace.text += template.role_prefix[role]
+    trace.role, trace.role_start = role, len(trace.text)
+
+
+def _end(role: str, trace: Trace, run: Run) -> None:
+    if trace.role != role:
+        inside = f"inside the {trace.role} message" if trace.role else "with no message open"
+        raise ValueError(f"{role}_end() {inside}: end the {role} message its {role}_begin() started")
+    trace.messages.append({"role": role, "content": trace.text[trace.role_start :]})
+    trace.text += run.backend.chat_template.role_suffix[role]
     trace.role = None
 
 

@@ -1,8 +1,10 @@
-"""The expressions a program appends to its state (`s += ...`): text, gen, select, role blocks,
-and their concatenations; plus the public constructors gen/select/system/user/assistant."""
+"""The expressions a program appends to its state (`s += ...`): text, gen, select, role blocks
+(whole, or their begin and end marks), and their concatenations; plus their public constructors
+(gen, gen_int, gen_string, select, system, user, assistant, and the *_begin / *_end marks)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +57,26 @@ class Role(Expr):
     content: ExprLike
 
 
+@dataclass(slots=True, frozen=True)
+class RoleMark(Expr):
+    """The start (``begin``) or the end of a message whose content is appended in between
+    (SGLang's ``user_begin()`` ... ``user_end()``)."""
+
+    role: str
+    begin: bool
+
+
 ExprLike = str | Expr
+
+# gen(dtype=...): the regex the answer must match, as SGLang's RuntimeEndpoint constrains it; a
+# number also stops at the first space or newline
+DTYPE_REGEX = {
+    "int": r"[-+]?[0-9]+[ \n]*",
+    "float": r"[-+]?[0-9]*\.?[0-9]+[ \n]*",
+    "str": r"\"[\w\d\s]*\"",
+    "bool": r"(True|False)",
+}
+NUMBER_STOPS = (" ", "\n")
 
 
 def gen(
@@ -76,17 +97,26 @@ def gen(
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
     choices: list[str] | None = None,
 ) -> Gen | Select:
     """Generate into ``name``; unset parameters take the run's defaults, else the server's. With
     ``choices`` this is ``select(name, choices)``. ``json_schema`` may be a dict or its JSON text.
-    With ``return_logprob`` the gen's meta info holds the server's logprob fields."""
+    With ``return_logprob`` the gen's meta info holds the server's logprob fields. ``dtype``
+    (int, float, str, bool or their names) constrains the answer by a regex instead of ``regex``."""
     if choices is not None:
         return select(name, choices)
     if isinstance(json_schema, dict):
         json_schema = json.dumps(json_schema)
+    if dtype is not None:
+        kind = dtype if isinstance(dtype, str) else getattr(dtype, "__name__", "")
+        if kind not in DTYPE_REGEX:
+            raise ValueError(f"dtype must be one of int, float, str, bool, got {dtype!r}")
+        regex = DTYPE_REGEX[kind]
+        if kind in ("int", "float"):
+            stop = [*([stop] if isinstance(stop, str) else stop or []), *NUMBER_STOPS]
     params = {
         "max_new_tokens": max_tokens,
         "min_new_tokens": min_tokens,
@@ -117,6 +147,16 @@ def given(values: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
+def gen_int(name: str | None = None, **params: Any) -> Gen | Select:
+    """``gen(name, dtype=int, ...)``: an integer."""
+    return gen(name, dtype=int, **params)
+
+
+def gen_string(name: str | None = None, **params: Any) -> Gen | Select:
+    """``gen(name, dtype=str, ...)``: a double-quoted string of letters, digits and spaces."""
+    return gen(name, dtype=str, **params)
+
+
 def select(name: str | None = None, choices: list[str] | None = None) -> Select:
     """Append the most likely of ``choices`` and store it in ``name``."""
     return Select(name, tuple(choices or ()))
@@ -132,3 +172,12 @@ def user(content: ExprLike = "") -> Role:
 
 def assistant(content: ExprLike = "") -> Role:
     return Role("assistant", content)
+
+
+# SGLang's marks around a message built by several appends: s += user_begin(); ...; s += user_end()
+system_begin = functools.partial(RoleMark, "system", True)
+system_end = functools.partial(RoleMark, "system", False)
+user_begin = functools.partial(RoleMark, "user", True)
+user_end = functools.partial(RoleMark, "user", False)
+assistant_begin = functools.partial(RoleMark, "assistant", True)
+assistant_end = functools.partial(RoleMark, "assistant", False)

@@ -31,6 +31,15 @@ def _resolve(backend: RuntimeEndpoint | None) -> RuntimeEndpoint:
     return backend
 
 
+def flush_cache(backend: RuntimeEndpoint | None = None) -> dict[str, Any]:
+    """Empty the radix cache of ``backend`` (default: the default backend's server)."""
+    return _resolve(backend).flush_cache()
+
+
+def get_server_info(backend: RuntimeEndpoint | None = None) -> dict[str, Any]:
+    return _resolve(backend).server_info()
+
+
 class SglFunction:
     """A program: a function whose first argument is the state ``s``."""
 

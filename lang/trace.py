@@ -20,7 +20,8 @@ class Trace:
     messages: list[dict[str, str]] = field(default_factory=list)
     variables: dict[str, Any] = field(default_factory=dict)
     meta_info: dict[str, Any] = field(default_factory=dict)
-    role: str | None = None
+    role: str | None = None  # the message open since text[role_start:]
+    role_start: int = 0
     assigned: list[str] = field(default_factory=list)
     fork_offset: int = 0
     streaming: str | None = None
@@ -45,6 +46,7 @@ class Trace:
             variables=dict(self.variables),
             meta_info=dict(self.meta_info),
             role=self.role,
+            role_start=self.role_start,
             fork_offset=len(self.text),
         )
 

@@ -50,6 +50,42 @@ def test_template_chosen_from_model_name():
     assert chat_template_for_model("Qwen2-7B-Instruct").default_system_prompt is None
 
 
+@sgl.function
+def conversation_by_marks(s, turns):
+    # the same conversation, each message opened and closed around appends of its parts
+    for role, content in turns:
+        s += getattr(sgl, f"{role}_begin")()
+        s += content[: len(content) // 2]
+        s += content[len(content) // 2 :]
+        s += getattr(sgl, f"{role}_end")()
+
+
+@settings(max_examples=50, deadline=None)
+@given(turns=turns)
+def test_begin_and_end_marks_render_as_whole_role_blocks(turns):
+    whole = conversation.run(turns, backend=OFFLINE)
+    marked = conversation_by_marks.run(turns, backend=OFFLINE)
+    assert marked.text() == whole.text() and marked.messages() == whole.messages()
+
+
+@pytest.mark.parametrize(
+    "marks, fragment",
+    [
+        ((sgl.user_end(),), "user_end\\(\\) with no message open"),
+        ((sgl.user_begin(), sgl.assistant_end()), "assistant_end\\(\\) inside the user message"),
+        ((sgl.user_begin(), sgl.system_begin()), "cannot start inside"),
+    ],
+)
+def test_unmatched_marks_are_refused(marks, fragment):
+    @sgl.function
+    def program(s):
+        for mark in marks:
+            s += mark
+
+    with pytest.raises(ValueError, match=fragment):
+        program.run(backend=OFFLINE)
+
+
 def test_nested_roles_are_refused():
     @sgl.function
     def nested(s):

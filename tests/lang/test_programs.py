@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -157,3 +158,33 @@ def test_json_schema_gen_follows_the_schema(backend):
 
     state = extract.run(backend=backend)
     jsonschema.validate(json.loads(state["person"]), schema)
+
+
+def test_gen_int_and_gen_string_answer_in_their_type(backend):
+    @sgl.function
+    def typed(s):
+        s += "Question: how many legs does a spider have?\nAnswer (a number): " + sgl.gen_int("legs", max_tokens=6)
+        s += "\nIts name, quoted: " + sgl.gen_string("name", max_tokens=12, temperature=0)
+
+    state = typed.run(backend=backend, temperature=0)
+    assert int(state["legs"]) >= 0  # digits only: the number regex, cut at its space or newline
+    assert re.fullmatch(r'"[\w\d\s]*"', state["name"])
+    with pytest.raises(ValueError, match="dtype"):
+        sgl.gen("x", dtype=list)
+
+
+def test_flush_cache_and_server_info_through_the_module(server, backend):
+    prompt = "Flush me: " + "a b c " * 20
+    sgl.set_default_backend(backend)
+    try:
+        assert sgl.get_server_info()["model_path"] == backend.get_server_info()["model_path"]
+        requests.post(
+            f"{server.url}/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 1}}, timeout=TIMEOUT_S
+        )
+        assert sgl.flush_cache()["success"] is True
+    finally:
+        sgl.set_default_backend(None)
+    again = requests.post(
+        f"{server.url}/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 1}}, timeout=TIMEOUT_S
+    )
+    assert again.json()["meta_info"]["cached_tokens"] == 0
