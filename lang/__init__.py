@@ -1,5 +1,7 @@
 """radixcluster.lang: a frontend language for LLM programs (roles, gen, select, fork) whose calls share prefixes through the radix cache."""
 
+from importlib.metadata import version
+
 from radixcluster.lang.backend import RuntimeEndpoint, ServerError
 from radixcluster.lang.chat_template import ChatTemplate, get_chat_template
 from radixcluster.lang.ir import (
@@ -20,7 +22,10 @@ from radixcluster.lang.ir import (
 from radixcluster.lang.program import SglFunction, flush_cache, function, get_server_info, set_default_backend
 from radixcluster.lang.state import ForkGroup, ProgramState
 
+__version__ = version("radixcluster")  # the package's, not imported from it: lang speaks HTTP only
+
 __all__ = [
+    "__version__",
     "ChatTemplate",
     "ForkGroup",
     "ProgramState",

@@ -53,6 +53,10 @@ class RuntimeEndpoint:
 
     get_server_info = server_info  # SGLang's RuntimeEndpoint name
 
+    def get_model_name(self) -> str:
+        """The path the server serves (``/get_model_info``'s ``model_path``), as SGLang names it."""
+        return str(self._request("GET", "/get_model_info")["model_path"])
+
     def flush_cache(self) -> dict[str, Any]:
         """``POST /flush_cache``: empty the server's radix cache (refused while requests run)."""
         return self._request("POST", "/flush_cache")

@@ -106,38 +106,37 @@ def _gen(expr: Gen, trace: Trace, run: Run) -> None:
 
 
 def _select(expr: Select, trace: Trace, run: Run) -> None:
-    """Score every choice in one batched request and append the best by mean token logprob.
+    """Score every choice in one batched request and append the best, as SGLang's frontend
+    scores them (its default ``token_length_normalized``), so a program picks what it picks.
 
-    The prefix-only request tells us its token count P (and caches it). The batch holds the
-    prefix itself next to each prefix+choice, scored from position P-2: a choice's first
-    token may merge with the prefix's last one, so a choice's tokens are those from the
-    first position where its tokenization leaves the prefix's.
+    The prefix-only request tells us its token count P (and caches it). Each prefix+choice is
+    scored from position P-2, as SGLang asks (a choice's first token may merge with the
+    prefix's last one); the first entry has no logprob, so a choice's score is the mean over
+    the prefix's last token and the choice's tokens.
     """
     prefix = trace.text
     prompt_tokens = prefill(prefix, run)["meta_info"]["prompt_tokens"]
     answers = _generate(
         {
-            "text": [prefix, *(prefix + choice for choice in expr.choices)],
-            "sampling_params": {"max_new_tokens": 0},
+            "text": [prefix + choice for choice in expr.choices],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
             "return_logprob": True,
+            "return_text_in_logprobs": True,
             "logprob_start_len": max(prompt_tokens - 2, 0),
         },
         run,
     )
-    prefix_entries = answers[0]["meta_info"]["input_token_logprobs"]
-    scored = [_choice_entries(prefix_entries, answer["meta_info"]["input_token_logprobs"]) for answer in answers[1:]]
+    scored = [answer["meta_info"]["input_token_logprobs"] for answer in answers]
     normalized = [_mean([entry[0] for entry in entries if entry[0] is not None]) for entries in scored]
     best = max(range(len(normalized)), key=normalized.__getitem__)
     trace.text += expr.choices[best]
-    meta = {"choices": list(expr.choices), "normalized_prompt_logprobs": normalized, "input_token_logprobs": scored}
+    meta = {
+        "choices": list(expr.choices),
+        "normalized_prompt_logprobs": normalized,
+        "input_token_logprobs": scored,
+        "output_token_logprobs": [answer["meta_info"]["output_token_logprobs"] for answer in answers],
+    }
     trace.assign(expr.name, expr.choices[best], meta)
-
-
-def _choice_entries(prefix_entries: list[list[Any]], entries: list[list[Any]]) -> list[list[Any]]:
-    split = 0
-    while split < len(prefix_entries) and split < len(entries) and entries[split][1] == prefix_entries[split][1]:
-        split += 1
-    return entries[split:]
 
 
 def _mean(values: list[float]) -> float:

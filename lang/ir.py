@@ -39,7 +39,7 @@ class Gen(Expr):
 
 @dataclass(slots=True, frozen=True)
 class Select(Expr):
-    """Pick the choice the model finds most likely (mean logprob per token)."""
+    """Pick the choice the model finds most likely (mean logprob per token, as SGLang scores it)."""
 
     name: str | None
     choices: tuple[str, ...]

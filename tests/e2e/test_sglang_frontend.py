@@ -1,11 +1,15 @@
 """The real SGLang frontend (released `sglang` packages, the seeds' 0.5.6 and the newest 0.5.x)
 running unchanged programs against a real `radixcluster up`: the seeds' multi-round chat,
-a regex gen, select, stop_regex with logprob text, fork, run_batch and streaming."""
+a regex gen, select, stop_regex with logprob text, fork, run_batch and streaming; and the same
+programs with radixcluster.lang imported in place of sglang, which must answer as they do."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,19 @@ from support.sglang_frontend import SEED_TIMEOUT_S, SEED_VERSION, SGLANG_VERSION
 pytestmark = pytest.mark.slow
 
 PROGRAMS = Path(__file__).with_name("sglang_frontend_programs.py")
+
+
+@pytest.fixture(scope="module")
+def ours(server, tmp_path_factory) -> dict[str, Any]:
+    """The same programs with ``import radixcluster.lang as sgl`` in place of ``import sglang as
+    sgl``, as a user swaps the import; no sglang on the path."""
+    source = PROGRAMS.read_text()
+    assert source.count("import sglang as sgl\n") == 1
+    swapped = tmp_path_factory.mktemp("swapped") / PROGRAMS.name
+    swapped.write_text(source.replace("import sglang as sgl\n", "import radixcluster.lang as sgl\n"))
+    done = subprocess.run([sys.executable, str(swapped), server.url], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.rstrip("\n").split("\n")[-1])
 
 
 @pytest.fixture(scope="module", params=SGLANG_VERSIONS)
@@ -83,3 +100,18 @@ def test_fork_and_run_batch(results):
 def test_streamed_gen_arrives_in_pieces_that_add_up(results):
     run = results["stream"]
     assert "".join(run["chunks"]) == run["count"]
+
+
+def test_the_programs_answer_the_same_with_radixcluster_lang_in_place_of_sglang(results, ours):
+    # greedy on one server: both frontends send the same requests for these template-free programs
+    assert ours["model_name"] == results["model_name"] and ours["server_info_keys"] == results["server_info_keys"]
+    mine, theirs = ours["constrained"], results["constrained"]
+    assert (mine["year"], mine["verdict"], mine["color"]) == (theirs["year"], theirs["verdict"], theirs["color"])
+    assert mine["verdict_meta"]["normalized_prompt_logprobs"] == pytest.approx(
+        theirs["verdict_meta"]["normalized_prompt_logprobs"], abs=1e-4
+    )
+    entries = [mine["color_meta"]["output_token_logprobs"], theirs["color_meta"]["output_token_logprobs"]]
+    assert [[e[1:] for e in side] for side in entries] == [[e[1:] for e in entries[1]]] * 2  # ids and texts
+    assert [e[0] for e in entries[0]] == pytest.approx([e[0] for e in entries[1]], abs=1e-4)
+    assert ours["fork"] == results["fork"] and ours["batch"] == results["batch"]
+    assert "".join(ours["stream"]["chunks"]) == ours["stream"]["count"] == results["stream"]["count"]

@@ -81,10 +81,10 @@ def yes_no(s, question):
 
 
 def _normalized_logprob(server, tokenizer, prefix: str, choice: str) -> float:
-    """Mean logprob of the choice's tokens, each text scored alone from position 0."""
-    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False)
-    full_ids = tokenizer.encode(prefix + choice, add_special_tokens=False)
-    split = next(i for i, (a, b) in enumerate(zip([*prefix_ids, None], full_ids)) if a != b)
+    """SGLang's token-length-normalized logprob of a choice, from the whole text scored from
+    position 0: the mean over the prefix's last token and what follows it (SGLang asks from
+    two tokens before the choice, and the first entry of an answer has no logprob)."""
+    prompt_len = len(tokenizer.encode(prefix, add_special_tokens=False))
     body = {
         "text": prefix + choice,
         "sampling_params": {"max_new_tokens": 0},
@@ -94,8 +94,7 @@ def _normalized_logprob(server, tokenizer, prefix: str, choice: str) -> float:
     entries = requests.post(f"{server.url}/generate", json=body, timeout=TIMEOUT_S).json()["meta_info"][
         "input_token_logprobs"
     ]
-    assert [entry[1] for entry in entries] == full_ids
-    values = [entry[0] for entry in entries[split:]]
+    values = [entry[0] for entry in entries[prompt_len - 1 :]]
     return sum(values) / len(values)
 
 
