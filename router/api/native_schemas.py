@@ -3,6 +3,7 @@ protocol GenerateRequest per prompt and sample."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -213,6 +214,15 @@ def derive_rids(base: str | None, count: int) -> list[str]:
     return [base] if count == 1 else [f"{base}-{i}" for i in range(count)]
 
 
+def nth_sample(sampling: SamplingParams, index: int) -> SamplingParams:
+    """The parameters of sample ``index`` of a prompt's ``n``: a seeded prompt's samples draw
+    with seeds seed, seed + 1, ... (wrapping within int64, as vLLM seeds them), so they differ
+    from each other and each repeats with the same seed."""
+    if sampling.seed is None or index == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=(sampling.seed + index - INT64_MIN) % 2**64 + INT64_MIN)
+
+
 # Per-prompt options that a batch may give as one value for all or as a list, one per prompt.
 _PER_PROMPT = ("return_logprob", "top_logprobs_num", "logprob_start_len", "cache_salt", "extra_key")
 
@@ -326,11 +336,11 @@ class GenerateIn(BaseModel):
         for i, prompt in enumerate(prompts):
             params = self.params_for(i)
             sampling = params.to_protocol(default_max)
-            for rid in derive_rids(bases[i], params.n):
+            for sample, rid in enumerate(derive_rids(bases[i], params.n)):
                 requests.append(
                     GenerateRequest(
                         rid=rid,
-                        sampling=sampling,
+                        sampling=nth_sample(sampling, sample),
                         text=prompt if isinstance(prompt, str) else None,
                         input_ids=prompt if isinstance(prompt, list) else None,
                         stream=self.stream,

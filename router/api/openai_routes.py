@@ -29,7 +29,7 @@ from radixcluster.router.api.generation import (
     run_generation,
     start_stream,
 )
-from radixcluster.router.api.native_schemas import derive_rids
+from radixcluster.router.api.native_schemas import derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -99,7 +99,7 @@ def _requests(
     return [
         GenerateRequest(
             rid=rid,
-            sampling=sampling,
+            sampling=nth_sample(sampling, k % body.n),
             stream=body.stream,
             return_logprob=return_logprob,
             return_text_in_logprobs=return_logprob,

@@ -336,3 +336,10 @@ def test_concurrent_streams_under_a_loaded_api_equal_their_answers(server, clien
     for (texts, finishes), answer in zip(streamed, answers):
         assert texts == answer
         assert all(len(f) == 1 for f in finishes)
+
+
+def test_a_seeded_requests_n_choices_differ_and_repeat(client, model):
+    params = dict(model=model, prompt="Once upon a time", n=3, seed=11, temperature=1.0, max_tokens=12)
+    first, again = (client.completions.create(**params) for _ in range(2))
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in again.choices] and len(set(texts)) == 3

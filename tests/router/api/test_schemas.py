@@ -289,3 +289,11 @@ def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
     ):
         assert why in refusal(CompletionIn, {"prompt": "hi", "logit_bias": bad})
         assert why in refusal(GenerateIn, {"text": "hi", "sampling_params": {"logit_bias": bad}})
+
+
+def test_a_seeded_prompts_samples_draw_with_consecutive_seeds() -> None:
+    # n samples of one seed would otherwise be n copies of one draw
+    body = GenerateIn.model_validate({"text": ["a", "b"], "sampling_params": {"n": 3, "seed": BIG - 1}})
+    assert [r.sampling.seed for r in body.expand()] == [BIG - 1, -BIG, -BIG + 1] * 2  # wrapping within int64
+    unseeded = GenerateIn.model_validate({"text": "a", "sampling_params": {"n": 2}}).expand()
+    assert [r.sampling.seed for r in unseeded] == [None, None]
