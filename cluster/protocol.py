@@ -70,6 +70,9 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # max_new_tokens is the api's default, not the client's: the router lowers it to the room
+    # the context and the KV pool leave after the prompt (as vLLM does), rather than refusing
+    max_new_tokens_is_default: bool = False
 
 
 @message

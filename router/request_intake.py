@@ -4,6 +4,7 @@ if any, is the router's to compile."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -92,6 +93,11 @@ class RequestIntake:
                 f"the prompt has {ids.size} tokens; this model's context length is {self.context_length} "
                 f"(prompt + output must fit)"
             )
+        if sampling.max_new_tokens_is_default:
+            # a limit the client did not set gives way to the room the prompt leaves
+            room = min(self.context_length, self.pool_tokens) - int(ids.size)
+            if 0 < room < sampling.max_new_tokens:
+                sampling = dataclasses.replace(sampling, max_new_tokens=room)
         self._check_fits(int(ids.size), sampling.max_new_tokens)
         try:
             salt = tenant_salt(msg.tenant, msg.cache_salt)

@@ -181,6 +181,7 @@ class SamplingParamsIn(BaseModel):
     def to_protocol(self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=default_max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
+            max_new_tokens_is_default=self.max_new_tokens is None,
             min_new_tokens=self.min_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
@@ -326,7 +327,7 @@ class GenerateIn(BaseModel):
 
     def expand(self) -> list[GenerateRequest]:
         """One GenerateRequest per prompt and sample, prompt-major (SGLang's order)."""
-        default_max = next((v for v in (self.max_new_tokens, self.max_tokens) if v is not None), DEFAULT_MAX_NEW_TOKENS)
+        given_max = next((v for v in (self.max_new_tokens, self.max_tokens) if v is not None), None)
         prompts = self.prompts()
         if isinstance(self.rid, list):
             bases = self.rid
@@ -335,7 +336,9 @@ class GenerateIn(BaseModel):
         requests = []
         for i, prompt in enumerate(prompts):
             params = self.params_for(i)
-            sampling = params.to_protocol(default_max)
+            if given_max is not None and params.max_new_tokens is None:
+                params = params.model_copy(update={"max_new_tokens": given_max})
+            sampling = params.to_protocol()
             for sample, rid in enumerate(derive_rids(bases[i], params.n)):
                 requests.append(
                     GenerateRequest(

@@ -4,7 +4,7 @@ sampling parameters (which also validates the ranges)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,6 +64,8 @@ class OpenAIRequest(BaseModel):
     """Fields both endpoints share; unknown fields are ignored like OpenAI-compatible servers do."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    # new tokens when the request sets no limit (lowered to what the context leaves)
+    default_max_tokens: ClassVar[int]
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
@@ -115,7 +117,7 @@ class OpenAIRequest(BaseModel):
         """The prefixes its ``cache_control`` fields ask to pin."""
         return [PromptPin(self.cache_control.ttl)] if self.cache_control is not None else []
 
-    def _sampling(self, max_new_tokens: int, **overrides: Any) -> SamplingParamsIn:
+    def _sampling(self, max_new_tokens: int | None, **overrides: Any) -> SamplingParamsIn:
         """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
@@ -135,8 +137,10 @@ class OpenAIRequest(BaseModel):
 class CompletionIn(OpenAIRequest):
     """``POST /v1/completions``."""
 
+    default_max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
+
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=0)
+    max_tokens: int | None = Field(None, ge=0)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=1)  # one sample per choice: only 1 (bench_serving sends it)
@@ -231,6 +235,8 @@ class ResponseFormat(BaseModel):
 class ChatCompletionIn(OpenAIRequest):
     """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
 
+    default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
+
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
@@ -249,9 +255,7 @@ class ChatCompletionIn(OpenAIRequest):
         return self
 
     def sampling(self) -> SamplingParamsIn:
-        limit = next(
-            (v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), CHAT_DEFAULT_MAX_TOKENS
-        )
+        limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
         schema = self.response_format.grammar() if self.response_format is not None else None
         return self._sampling(limit, json_schema=schema)
 

@@ -42,3 +42,20 @@ def test_a_logit_bias_becomes_the_requests_bias_rows(intake: RequestIntake) -> N
 def test_a_logit_bias_the_api_would_refuse_is_refused_here_too(intake: RequestIntake, bias: dict, why: str) -> None:
     with pytest.raises(RequestRejected, match=why):
         intake.make_request(generate(logit_bias=bias))
+
+
+def test_a_default_limit_gives_way_to_the_room_the_prompt_leaves(model_path) -> None:
+    intake = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=8192, pool_tokens=8000)
+    long_prompt = [504] * 7900
+
+    def request(max_new_tokens: int, is_default: bool) -> GenerateRequest:
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, max_new_tokens_is_default=is_default)
+        return GenerateRequest(rid="r", sampling=sampling, input_ids=long_prompt)
+
+    # the pool (8,000 tokens) is the tighter bound here: 100 new tokens fit after the prompt
+    request_, _ = intake.make_request(request(512, is_default=True))
+    assert request_.sampling.max_new_tokens == 100
+    short, _ = intake.make_request(generate(max_new_tokens_is_default=True))
+    assert short.sampling.max_new_tokens == 4  # room enough: the default stands
+    with pytest.raises(RequestRejected, match=r"\+ max_new_tokens \(512\)"):
+        intake.make_request(request(512, is_default=False))  # a limit the client set is refused as before

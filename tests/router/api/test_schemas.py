@@ -297,3 +297,32 @@ def test_a_seeded_prompts_samples_draw_with_consecutive_seeds() -> None:
     assert [r.sampling.seed for r in body.expand()] == [BIG - 1, -BIG, -BIG + 1] * 2  # wrapping within int64
     unseeded = GenerateIn.model_validate({"text": "a", "sampling_params": {"n": 2}}).expand()
     assert [r.sampling.seed for r in unseeded] == [None, None]
+
+
+@pytest.mark.parametrize(
+    "body, limit, is_default",
+    [
+        ({"text": "hi"}, 128, True),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": 7}}, 7, False),
+        ({"text": "hi", "max_tokens": 9}, 9, False),  # SGLang's top-level limit is the client's too
+    ],
+)
+def test_a_native_limit_left_out_is_marked_as_the_default(body: dict, limit: int, is_default: bool) -> None:
+    (request,) = GenerateIn.model_validate(body).expand()
+    assert (request.sampling.max_new_tokens, request.sampling.max_new_tokens_is_default) == (limit, is_default)
+
+
+@pytest.mark.parametrize(
+    "model, body, limit, is_default",
+    [
+        (CompletionIn, {"prompt": "hi"}, 16, True),
+        (CompletionIn, {"prompt": "hi", "max_tokens": None}, 16, True),
+        (CompletionIn, {"prompt": "hi", "max_tokens": 5}, 5, False),
+        (ChatCompletionIn, {"messages": [{"role": "user", "content": "hi"}]}, 512, True),
+        (ChatCompletionIn, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3}, 3, False),
+    ],
+)
+def test_an_openai_limit_left_out_is_marked_as_the_default(model, body: dict, limit: int, is_default: bool) -> None:
+    request = model.model_validate(body)
+    sampling = request.sampling().to_protocol(request.default_max_tokens)
+    assert (sampling.max_new_tokens, sampling.max_new_tokens_is_default) == (limit, is_default)
