@@ -29,8 +29,9 @@ class ServerError(RuntimeError):
 class RuntimeEndpoint:
     """A server at ``base_url``. Thread-safe: programs run from many threads share one.
 
-    Without ``chat_template`` (a name or a ChatTemplate) the template is chosen from the
-    served model's name, which makes the constructor ask the server for it.
+    Without ``chat_template`` (a name or a ChatTemplate; ``chat_template_name``, SGLang's
+    keyword, names one too) the template is chosen from the served model's name, which makes
+    the constructor ask the server for it.
     """
 
     def __init__(
@@ -39,7 +40,11 @@ class RuntimeEndpoint:
         api_key: str | None = None,
         timeout: float = 600.0,
         chat_template: str | ChatTemplate | None = None,
+        chat_template_name: str | None = None,
     ) -> None:
+        if chat_template is not None and chat_template_name is not None:
+            raise ValueError("give chat_template or chat_template_name, not both")
+        chat_template = chat_template if chat_template_name is None else chat_template_name
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)

@@ -98,3 +98,10 @@ def test_nested_roles_are_refused():
 def test_unknown_template_name_lists_known_ones():
     with pytest.raises(ValueError, match="chatml"):
         sgl.get_chat_template("vicuna")
+
+
+def test_sglangs_chat_template_name_keyword_names_a_template():
+    endpoint = sgl.RuntimeEndpoint("http://127.0.0.1:9", chat_template_name="chatml")
+    assert endpoint.chat_template.name == "chatml"
+    with pytest.raises(ValueError, match="not both"):
+        sgl.RuntimeEndpoint("http://127.0.0.1:9", chat_template="chatml", chat_template_name="chatml")
