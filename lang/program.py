@@ -37,6 +37,7 @@ def flush_cache(backend: RuntimeEndpoint | None = None) -> dict[str, Any]:
 
 
 def get_server_info(backend: RuntimeEndpoint | None = None) -> dict[str, Any]:
+    """``/get_server_info`` of ``backend`` (default: the default backend's server)."""
     return _resolve(backend).server_info()
 
 
