@@ -5,6 +5,7 @@ evict by prefix), which need the admin key when the server has one."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -59,14 +60,20 @@ async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[
     }
 
 
+def _file_response(content: bytes, media: str) -> Callable[[], Response]:
+    # a closure, not default arguments: FastAPI would take those from the query string, and
+    # `/cache?content=<script>...` would serve the client's text as the page
+    def serve() -> Response:
+        return Response(content, media_type=media)
+
+    return serve
+
+
 def page_routes() -> APIRouter:
     """The cache page's files, read once (they hold no data: public); a gateway serves them too."""
     router = APIRouter()
     for path, (name, media) in PAGE_FILES.items():
-        content = page_file(name)
-        router.add_api_route(
-            path, lambda content=content, media=media: Response(content, media_type=media), methods=["GET"]
-        )
+        router.add_api_route(path, _file_response(page_file(name), media), methods=["GET"])
     return router
 
 

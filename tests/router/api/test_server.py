@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from radixcluster.router.api.cache_routes import PAGE_FILES
 from radixcluster.router.api.context import ApiConfig
 from radixcluster.router.api.server import create_app
 
@@ -90,6 +91,16 @@ def test_the_cache_page_files_are_served_without_a_key(app):
         assert "fetch(" in client.get("/cache/page.js").text
         assert client.get("/cache/page.css").headers["content-type"].startswith("text/css")
         assert client.get("/cache/tree").status_code == 401  # the data needs the key
+
+
+def test_the_cache_page_files_take_nothing_from_the_query(app):
+    with TestClient(app) as client:
+        for path in PAGE_FILES:
+            plain = client.get(path)
+            spoofed = client.get(path, params={"content": "<script>alert(1)</script>", "media": "text/html"})
+            assert spoofed.status_code == 200 and spoofed.content == plain.content
+            assert spoofed.headers["content-type"] == plain.headers["content-type"]
+        assert client.get("/cache", params={"media": "\U0003d382"}).status_code == 200
 
 
 def test_tree_bounds_are_a_400_naming_the_parameter(app):
