@@ -1,7 +1,7 @@
 """Forwarding a request to the chosen replica and its answer back, streamed through as it comes.
 
 A request that fails before its first byte (the replica cannot be reached, dies before
-answering, or answers 502/503/504) goes to another replica; one that fails later ends with an
+answering, or answers 502/503) goes to another replica; one that fails later ends with an
 error frame. Every answer says where it ran and what was predicted: ``meta_info.replica`` and
 ``meta_info.predicted_cached_tokens`` (native), the same keys in OpenAI's ``usage`` and at the
 top of a warm's or a pin's answer; the replica's own count of cached tokens is checked against
@@ -34,8 +34,10 @@ from radixcluster.router.api.generation import SSE_DONE, SSEResponse, sse, until
 
 logger = logging.getLogger(__name__)
 
-# a replica that answers these has not run the request: another one may
-RETRY_STATUSES = frozenset({502, 503, 504})
+# a replica that answers these has not run the request: another one may. Not 504: a replica
+# answers it when the client's own deadline_s passed, which no other replica would meet, and
+# counting it as the replica's failure would let a client open every circuit
+RETRY_STATUSES = frozenset({502, 503})
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

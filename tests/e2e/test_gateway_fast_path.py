@@ -109,6 +109,17 @@ def test_bad_requests_get_the_replicas_own_error(servers, path: str, body: bytes
     assert through == direct and direct[0] == 400
 
 
+def test_a_passed_deadline_is_the_replicas_504_and_leaves_the_replica_available(servers) -> None:
+    replica, gateway = servers
+    late = {"text": "hi", "sampling_params": SHORT, "deadline_s": 1e-9}
+    for path, body in [("/generate", late), ("/v1/completions", {"model": "m", "prompt": "hi", "deadline_s": 1e-9})]:
+        for _ in range(4):  # more in a row than the breaker's 3 failures
+            resp = post(gateway, path, body)
+            assert resp.status_code == 504 and "deadline_s" in resp.json()["error"]["message"], resp.text
+    assert get(gateway, "/health").status_code == 200
+    assert post(gateway, "/generate", {"text": "hi", "sampling_params": SHORT}).status_code == 200
+
+
 def test_keys_are_checked_and_other_methods_and_paths_go_to_fastapi(servers) -> None:
     replica, gateway = servers
     for key in (None, "wrong"):
