@@ -13,7 +13,13 @@ from radixcluster.gateway.config import (
     RoutingTunables,
 )
 from radixcluster.model_path import resolve_model_path
-from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, LOG_LEVELS, load_tenant_keys
+from radixcluster.server_args import (
+    ADMIN_API_KEY_ENV,
+    API_KEY_ENV,
+    LOG_LEVELS,
+    check_listen_address,
+    load_tenant_keys,
+)
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +105,7 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         raise ValueError(f"--discover must be HOST:PORT, got {ns.discover!r}")
     if ns.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {ns.shutdown_timeout}")
+    check_listen_address(ns.host, ns.port)
     api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     tenant_keys = load_tenant_keys(ns.api_key_file) if ns.api_key_file else {}

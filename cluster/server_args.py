@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +75,8 @@ class ServerArgs:
     max_worker_restarts: int = 3
 
     def __post_init__(self) -> None:
+        check_listen_address(self.host, self.port)
         positive = (
-            "port",
             "tp_size",
             "dp_size",
             "page_size",
@@ -110,6 +111,23 @@ class ServerArgs:
             raise ValueError(f"--step-timeout must be > 0, got {self.step_timeout}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
+
+
+def check_listen_address(host: str, port: int) -> None:
+    """Refuse a ``--host`` this machine cannot listen on and a ``--port`` outside 1-65535
+    before anything starts (the socket layer would take 99999 as 34463, and a start that
+    cannot bind would wait on whoever answers that address)."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port must be in 1-65535, got {port}")
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r} is not an address: {exc.strerror}") from None
+    with socket.socket(family, kind) as probe:
+        try:
+            probe.bind((address[0], 0))
+        except OSError as exc:
+            raise ValueError(f"--host {host} is not an address of this machine: {exc.strerror}") from None
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

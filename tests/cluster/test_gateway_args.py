@@ -58,6 +58,8 @@ def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, mo
         (("--discover=replicas.serving.svc",), "HOST:PORT"),
         (("--replica=http://a:1", "--min-overlap=2"), "--min-overlap"),
         (("--replica=http://a:1", "--health-interval=0"), "--health-interval"),
+        (("--replica=http://a:1", "--port=65536"), "--port"),
+        (("--replica=http://a:1", "--host=192.0.2.1"), "not an address of this machine"),
     ],
 )
 def test_mistakes_are_refused_with_a_message(argv, words):

@@ -54,6 +54,10 @@ def test_prefix_caching_alias_mixed_chunk_and_dynamic_fraction_are_accepted(capl
         (["--tp-size", "0"], "--tp-size"),
         (["--mem-fraction-static", "1.5"], "--mem-fraction-static"),
         (["--page-size", "0"], "--page-size"),
+        (["--port", "0"], "--port"),
+        (["--port", "99999"], "--port"),  # the socket layer would listen on 34463
+        (["--host", "999.1.1.1"], "is not an address"),
+        (["--host", "192.0.2.1"], "not an address of this machine"),  # TEST-NET-1: never local
         (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
     ],
 )
