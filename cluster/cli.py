@@ -10,7 +10,7 @@ import sys
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
-from radixcluster.server_args import add_cli_args, server_args_from_namespace
+from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
 
 
 def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
@@ -44,11 +44,14 @@ def main(argv: list[str] | None = None) -> int:
 
             configure_logging(ns.log_level)
             args = server_args_from_namespace(ns)
+            check_port_free(args.host, args.port)
             launch(args)
         if ns.command == "gateway":
             from radixcluster.gateway.server import run_gateway
 
-            run_gateway(gateway_config_from_namespace(ns))
+            config = gateway_config_from_namespace(ns)
+            check_port_free(config.host, config.port)
+            run_gateway(config)
             return 0
         if ns.command == "bench":
             from radixcluster.bench.cli import main as bench_main

@@ -120,14 +120,29 @@ def check_listen_address(host: str, port: int) -> None:
     if not 1 <= port <= 65535:
         raise ValueError(f"--port must be in 1-65535, got {port}")
     try:
-        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        _bind_probe(host, 0)
     except socket.gaierror as exc:
         raise ValueError(f"--host {host!r} is not an address: {exc.strerror}") from None
+    except OSError as exc:
+        raise ValueError(f"--host {host} is not an address of this machine: {exc.strerror}") from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another server listens on, at the command's start: the api would fail to
+    bind it only after the model loaded, and its readiness poll would take that server's
+    answers for its own."""
+    try:
+        _bind_probe(host, port)
+    except OSError as exc:
+        raise ValueError(f"--port {port} is in use on {host}: {exc.strerror}") from None
+
+
+def _bind_probe(host: str, port: int) -> None:
+    """Bind (and close) a socket as the server will, with SO_REUSEADDR as uvicorn sets it."""
+    family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, kind) as probe:
-        try:
-            probe.bind((address[0], 0))
-        except OSError as exc:
-            raise ValueError(f"--host {host} is not an address of this machine: {exc.strerror}") from None
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(address)
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:

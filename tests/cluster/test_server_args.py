@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 
 import pytest
 
+from radixcluster.cli import main
 from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.server_args import (
     ServerArgs,
     add_cli_args,
+    check_port_free,
     load_tenant_keys,
     load_tenant_quotas,
     replica_argv,
@@ -158,3 +161,14 @@ def test_the_api_key_file_names_tenants_and_says_what_is_wrong_with_it(tmp_path)
             parse("--api-key-file", str(bad))
     with pytest.raises(ValueError, match="No such file"):
         parse("--api-key-file", str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("command", [["up"], ["gateway", "--replica", "http://127.0.0.1:1"]])
+def test_a_port_another_server_listens_on_is_refused_before_anything_starts(command, capsys):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=f"--port {port} is in use"):
+            check_port_free("127.0.0.1", port)
+        assert main([*command, "--port", str(port)]) == 2
+    assert f"--port {port} is in use on 127.0.0.1" in capsys.readouterr().err
+    check_port_free("127.0.0.1", port)  # free again once closed
