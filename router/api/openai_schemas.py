@@ -56,6 +56,32 @@ UNSUPPORTED_OPENAI = {
 }
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+    def grammar(self) -> str | None:
+        """The json_schema sampling parameter this format asks for."""
+        if self.type == "json_object":
+            return JSON_OBJECT_SCHEMA
+        if self.type == "json_schema" and self.json_schema is not None:
+            return json.dumps(self.json_schema.schema_)
+        return None
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -77,6 +103,7 @@ class OpenAIRequest(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
     min_tokens: int = Field(0, ge=0)
     top_k: int | None = None
     min_p: float | None = None
@@ -117,7 +144,7 @@ class OpenAIRequest(BaseModel):
         """The prefixes its ``cache_control`` fields ask to pin."""
         return [PromptPin(self.cache_control.ttl)] if self.cache_control is not None else []
 
-    def _sampling(self, max_new_tokens: int | None, **overrides: Any) -> SamplingParamsIn:
+    def _sampling(self, max_new_tokens: int | None) -> SamplingParamsIn:
         """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
@@ -130,7 +157,9 @@ class OpenAIRequest(BaseModel):
             "presence_penalty": self.presence_penalty,
         }
         params.update({name: getattr(self, name) for name in _EXTRA_SAMPLING if getattr(self, name) is not None})
-        params.update({k: v for k, v in overrides.items() if v is not None})
+        schema = self.response_format.grammar() if self.response_format is not None else None
+        if schema is not None:
+            params["json_schema"] = schema
         return SamplingParamsIn.model_validate(params)
 
 
@@ -206,32 +235,6 @@ class ChatMessageIn(BaseModel):
         return {"role": self.role, "content": content or ""}
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: str | None = None
-    schema_: dict[str, Any] = Field(alias="schema")
-
-
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema")
-        return self
-
-    def grammar(self) -> str | None:
-        """The json_schema sampling parameter this format asks for."""
-        if self.type == "json_object":
-            return JSON_OBJECT_SCHEMA
-        if self.type == "json_schema" and self.json_schema is not None:
-            return json.dumps(self.json_schema.schema_)
-        return None
-
-
 class ChatCompletionIn(OpenAIRequest):
     """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
 
@@ -242,7 +245,6 @@ class ChatCompletionIn(OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     # SGLang's and vLLM's: the answer goes on from the last message (an assistant's), unclosed
     continue_final_message: bool = False
 
@@ -256,8 +258,7 @@ class ChatCompletionIn(OpenAIRequest):
 
     def sampling(self) -> SamplingParamsIn:
         limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
-        schema = self.response_format.grammar() if self.response_format is not None else None
-        return self._sampling(limit, json_schema=schema)
+        return self._sampling(limit)
 
     def pins(self) -> list[PromptPin]:
         marked = [(i, m.marker()) for i, m in enumerate(self.messages)]

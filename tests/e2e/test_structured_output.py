@@ -110,6 +110,22 @@ def test_openai_json_object_and_json_schema_response_formats(server):
     assert loose.choices[0].message.content.startswith("{")
 
 
+def test_a_completion_takes_response_format_too(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "none", timeout=600, max_retries=0)
+    model = client.models.list().data[0].id
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}}, "required": ["name"]}
+
+    def complete(**format_):  # SGLang and vLLM read response_format on completions as on chats
+        return client.completions.create(model=model, prompt=PROMPT, max_tokens=64, temperature=0, extra_body=format_)
+
+    plain = complete().choices[0].text
+    assert not plain.startswith("{")  # left alone, the model opens a code fence first
+    shaped = complete(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    assert shaped.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(shaped.choices[0].text), schema)
+    assert complete(response_format={"type": "json_object"}).choices[0].text.startswith("{")
+
+
 BAD_GRAMMARS = {
     "unclosed regex group": ({"regex": "(ab"}, ["invalid regex", "parenthesis"]),
     "json_schema not JSON": ({"json_schema": '{"type": "object"'}, ["invalid json_schema", "parse JSON"]),
