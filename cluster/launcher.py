@@ -239,6 +239,7 @@ class Launcher:
             max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
             cache_page_text=args.cache_page_text,
+            json_any_whitespace=not args.constrained_json_disable_any_whitespace,
             max_pinned_fraction=args.max_pinned_fraction,
             step_timeout_s=args.step_timeout,
             max_worker_restarts=args.max_worker_restarts,

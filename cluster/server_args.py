@@ -64,6 +64,7 @@ class ServerArgs:
     admin_api_key: str | None = None
     api_key_file: str | None = None
     cache_page_text: bool = False
+    constrained_json_disable_any_whitespace: bool = False
     max_pinned_fraction: float = 0.5
     ray_address: str | None = None
     node_ip_address: str | None = None
@@ -232,6 +233,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--cache-page-text",
         action="store_true",
         help="the cache page shows the first tokens of each cached prefix as text (default: hashes and token counts only)",
+    )
+    parser.add_argument(
+        "--constrained-json-disable-any-whitespace",
+        action="store_true",
+        help="JSON schemas allow compact separators only (default: any whitespace, as SGLang and vLLM allow)",
     )
     parser.add_argument(
         "--max-pinned-fraction",

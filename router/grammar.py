@@ -27,6 +27,9 @@ MAX_CACHED_GRAMMARS = 256
 # workers, so one compile never takes more than one core
 COMPILE_THREADS = 1
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+# whitespace characters between two JSON tokens: room for a newline and 4-space indentation 15
+# levels deep, as models pretty-print, while a sampled answer cannot pad a document forever
+JSON_MAX_WHITESPACE = 64
 GrammarKey = tuple[str, str]  # (kind, spec)
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: " and sometimes a failed check
 _ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
@@ -70,8 +73,11 @@ class GrammarCache:
     loop goes on, and ``collect`` (on the router's thread, like every other method) caches what
     that thread finished."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, json_any_whitespace: bool = True) -> None:
         self.vocab_size = vocab_size
+        # a JSON schema's whitespace: any (SGLang's and vLLM's default, so greedy answers agree
+        # with theirs), or compact separators only (--constrained-json-disable-any-whitespace)
+        self.json_any_whitespace = json_any_whitespace
         self.mask_width = -(-vocab_size // 32)
         # our own cache bounds memory; xgrammar's would grow with every distinct spec
         self._compiler = xgr.GrammarCompiler(
@@ -148,8 +154,9 @@ class GrammarCache:
             if kind == "regex":
                 return self._compiler.compile_regex(spec)
             if kind == "json_schema":
-                # compact separators: free whitespace lets a small model pad forever
-                return self._compiler.compile_json_schema(spec, any_whitespace=False)
+                return self._compiler.compile_json_schema(
+                    spec, any_whitespace=self.json_any_whitespace, max_whitespace_cnt=JSON_MAX_WHITESPACE
+                )
             if kind == "ebnf":
                 return self._compiler.compile_grammar(spec)
         except (RuntimeError, ValueError, TypeError) as exc:

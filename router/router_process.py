@@ -87,6 +87,7 @@ class RouterConfig:
     max_queued_requests: int  # waiting (and compiling) requests beyond which new ones get a 429
     log_level: str = "warning"
     cache_page_text: bool = False  # the cache page's tree shows each node's first tokens as text
+    json_any_whitespace: bool = True  # a JSON schema lets the model put any whitespace between tokens
     max_pinned_fraction: float = 0.5  # of the KV pool, the most that pinned prefixes may hold
     step_timeout_s: float = 600.0  # a step without a result for this long: the TP group is hung
     max_worker_restarts: int = 3  # group losses in a row the launcher repairs; one more ends the replica
@@ -121,7 +122,7 @@ class Router:
         self.intake = RequestIntake(
             self.tokenizer, model_config.vocab_size, config.context_length, config.num_pages * config.page_size
         )
-        self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size)
+        self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size, config.json_any_whitespace)
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo)
         self.step_times = StepTimes()

@@ -16,7 +16,7 @@ from support.api_helpers import assert_error, generate, post
 
 pytestmark = pytest.mark.slow
 
-# short strings and a short array: every document fits well inside max_new_tokens
+# short strings and a short array: every document, pretty-printed too, fits well inside max_new_tokens
 PERSON = {
     "type": "object",
     "properties": {
@@ -58,7 +58,7 @@ def sampled_batch(server, text: str, count: int, max_new_tokens: int, **grammar)
 
 
 def test_thirty_two_sampled_generations_follow_the_json_schema(server):
-    outs = sampled_batch(server, PROMPT, 32, 128, json_schema=json.dumps(PERSON))
+    outs = sampled_batch(server, PROMPT, 32, 256, json_schema=json.dumps(PERSON))
     texts = [o["text"] for o in outs]
     for out in outs:
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out

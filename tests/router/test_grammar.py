@@ -106,6 +106,16 @@ def test_eos_only_when_the_grammar_may_end_then_it_stops(grammars, tokenizer):
     assert grammar.accept(2) == {"type": "stop", "matched": 2}
 
 
+@pytest.mark.parametrize("any_whitespace", [True, False])
+def test_a_json_schema_allows_any_whitespace_unless_compact_is_asked(tokenizer, any_whitespace):
+    cache = GrammarCache(tokenizer, VOCAB, json_any_whitespace=any_whitespace)
+    grammar = cache.for_request(SamplingParams(json_schema=json.dumps({"type": "object"})))
+    assert grammar.accept(tokenizer.encode("{", add_special_tokens=False)[0]) is None
+    newline = {i for i in next_allowed(grammar) if tokenizer.decode([i]).startswith("\n")}
+    # SGLang's and vLLM's default lets a model indent ("{\n  ..."); compact allows none
+    assert bool(newline) == any_whitespace
+
+
 def test_a_token_outside_the_grammar_aborts(grammars, tokenizer):
     grammar = grammars.for_request(SamplingParams(regex=r"\d+"))
     reason = grammar.accept(tokenizer.encode("x", add_special_tokens=False)[0])
@@ -194,7 +204,9 @@ def test_no_grammar_in_the_batch_means_no_mask():
     assert ex.masks and all(m is None for m in ex.masks)
 
 
-def test_retracted_grammar_requests_resume_where_they_were(grammars, tokenizer):
+def test_retracted_grammar_requests_resume_where_they_were(tokenizer):
+    # compact separators: the stand-in executor's tokens would pad free whitespace past the limit
+    grammars = GrammarCache(tokenizer, VOCAB, json_any_whitespace=False)
     schema = json.dumps(
         {
             "type": "object",
