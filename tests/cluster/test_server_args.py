@@ -172,3 +172,10 @@ def test_a_port_another_server_listens_on_is_refused_before_anything_starts(comm
         assert main([*command, "--port", str(port)]) == 2
     assert f"--port {port} is in use on 127.0.0.1" in capsys.readouterr().err
     check_port_free("127.0.0.1", port)  # free again once closed
+
+
+def test_sglangs_compact_json_flag_reaches_every_replica():
+    assert not parse().constrained_json_disable_any_whitespace  # free whitespace, as SGLang's default
+    args = parse("--constrained-json-disable-any-whitespace", "--dp-size", "2")
+    assert args.constrained_json_disable_any_whitespace
+    assert "--constrained-json-disable-any-whitespace" in replica_argv(args, exclude=("dp_size",))
