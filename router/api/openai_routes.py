@@ -33,13 +33,17 @@ from radixcluster.router.api.native_schemas import derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
+_UNFINISHED = {"finish_reason": None, "matched_stop": None}
 
 
-def finish_reason(gen: Generation) -> str | None:
+def finish(gen: Generation) -> dict[str, Any]:
+    """A choice's ``finish_reason`` and, as SGLang gives it, ``matched_stop``: the stop string
+    or token id that ended it (None otherwise)."""
     kind = gen.finish_type
     if not gen.finished or kind is None:
-        return None
-    return _FINISH_REASONS.get(kind, kind)
+        return _UNFINISHED
+    matched = gen.finish_reason.get("matched") if kind == "stop" and gen.finish_reason else None
+    return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched}
 
 
 def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
@@ -156,7 +160,7 @@ async def _completion_chunks(
             text += gen.new_text
             logprobs = completion_logprobs(entries, gen.token_texts, sent[index]) if body.logprobs is not None else None
             sent[index] += len(text)
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(gen)}
+            choice = {"index": index, "text": text, "logprobs": logprobs, **finish(gen)}
             yield {**head, "choices": [choice]}
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
@@ -168,9 +172,10 @@ async def _chat_chunks(
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
 
     def chunk(
-        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: str | None = None
+        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, ended: Generation | None = None
     ) -> dict[str, Any]:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+        reason = finish(ended) if ended is not None else _UNFINISHED
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, **reason}]}
 
     async for index, gen in merge(streams):
         if latest[index] is None:
@@ -180,7 +185,7 @@ async def _chat_chunks(
             logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
             yield chunk(index, {"content": gen.new_text}, logprobs)
         if gen.finished:
-            yield chunk(index, {}, reason=finish_reason(gen))
+            yield chunk(index, {}, ended=gen)
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
@@ -238,7 +243,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                     "logprobs": completion_logprobs(entries + g.output_logprobs, g.token_texts)
                     if wants_logprobs
                     else None,
-                    "finish_reason": finish_reason(g),
+                    **finish(g),
                 }
             )
         return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
@@ -259,7 +264,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                 "index": i,
                 "message": {"role": "assistant", "content": g.text},
                 "logprobs": chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None,
-                "finish_reason": finish_reason(g),
+                **finish(g),
             }
             for i, g in enumerate(gens)
         ]

@@ -61,6 +61,25 @@ def test_repeated_long_chat_reports_cached_tokens(client, model):
     assert_usage(second.usage, 4)
 
 
+def test_choices_say_which_stop_ended_them_as_sglang_does(client, model):
+    ask = {"model": model, "messages": QUESTION, "temperature": 0}
+    by_string = client.chat.completions.create(**ask, max_tokens=40, stop=[" capital", "Paris"])
+    assert by_string.choices[0].finish_reason == "stop" and by_string.choices[0].matched_stop in (" capital", "Paris")
+    by_eos = client.chat.completions.create(**ask, max_tokens=200)
+    assert (by_eos.choices[0].finish_reason, by_eos.choices[0].matched_stop) == ("stop", 2)  # <|im_end|>
+    by_length = client.chat.completions.create(**ask, max_tokens=2)
+    assert (by_length.choices[0].finish_reason, by_length.choices[0].matched_stop) == ("length", None)
+    streamed = client.completions.create(
+        model=model, prompt="One, two, three,", max_tokens=20, temperature=0, stop=[" five"], stream=True
+    )
+    ends = [(c.choices[0].finish_reason, c.choices[0].matched_stop) for c in streamed if c.choices[0].finish_reason]
+    assert ends == [("stop", " five")]
+    chunks = list(client.chat.completions.create(**ask, max_tokens=40, stop=[" capital", "Paris"], stream=True))
+    assert [c.choices[0].matched_stop for c in chunks if c.choices[0].finish_reason] == [
+        by_string.choices[0].matched_stop
+    ]
+
+
 def test_chat_streaming_matches_the_whole_answer(client, model):
     whole = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
     chunks = list(
