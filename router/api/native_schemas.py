@@ -74,6 +74,13 @@ UNSUPPORTED_REQUEST = {
 }
 
 
+def cache_namespace(cache_salt: str | None, extra_key: str | None) -> str | None:
+    """A request's radix-cache namespace: its cache salt, keyed further by its extra key when
+    it has one (SGLang keeps the two apart; so does the separator)."""
+    salt, extra = cache_salt or None, extra_key or None
+    return salt if extra is None else f"{extra}\x00{salt or ''}"
+
+
 def check_generations(prompts: int, generations: int) -> None:
     """One request may expand into at most MAX_GENERATIONS generations (prompts x n)."""
     if generations > MAX_GENERATIONS:
@@ -312,10 +319,8 @@ class GenerateIn(BaseModel):
         return bool(_item(self.return_logprob, index))
 
     def cache_namespace(self, index: int) -> str | None:
-        """The radix-cache namespace of prompt ``index``: its cache salt, keyed further by its
-        extra key when it has one (SGLang keeps the two apart; so does the separator)."""
-        salt, extra = _item(self.cache_salt, index) or None, _item(self.extra_key, index) or None
-        return salt if extra is None else f"{extra}\x00{salt or ''}"
+        """The radix-cache namespace of prompt ``index``."""
+        return cache_namespace(_item(self.cache_salt, index), _item(self.extra_key, index))
 
     def logprob_start(self, index: int) -> int:
         """Where prompt ``index``'s prompt logprobs start (-1: none asked for)."""

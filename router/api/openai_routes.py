@@ -29,7 +29,7 @@ from radixcluster.router.api.generation import (
     run_generation,
     start_stream,
 )
-from radixcluster.router.api.native_schemas import derive_rids, nth_sample
+from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -109,7 +109,7 @@ def _requests(
             return_text_in_logprobs=return_logprob,
             top_logprobs_num=top_logprobs,
             logprob_start_len=0 if prompt_logprobs else -1,
-            cache_salt=body.cache_salt,
+            cache_salt=cache_namespace(body.cache_salt, body.extra_key),
             pins=body.pins(),
             tokens=prompt_tokens(body.gateway_tokens, k // body.n),
             **inputs[k // body.n],

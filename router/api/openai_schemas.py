@@ -44,6 +44,7 @@ _EXTRA_SAMPLING = (
     "skip_special_tokens",
     "spaces_between_special_tokens",
     "no_stop_trim",
+    "stop_regex",
     "logit_bias",
 )
 
@@ -116,9 +117,11 @@ class OpenAIRequest(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     no_stop_trim: bool | None = None
+    stop_regex: str | list[str] | None = None
     logit_bias: LogitBias = None
     rid: Key | None = None
     cache_salt: Key | None = None
+    extra_key: Key | None = None
     deadline_s: Deadline = None
     cache_control: CacheControlIn | None = None  # pin the whole prompt
     gateway_tokens: GatewayTokensIn | None = None

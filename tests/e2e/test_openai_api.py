@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from radixcluster.router.text.tokenizer import load_tokenizer
+from support.api_helpers import GREEDY, post
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +79,23 @@ def test_choices_say_which_stop_ended_them_as_sglang_does(client, model):
     assert [c.choices[0].matched_stop for c in chunks if c.choices[0].finish_reason] == [
         by_string.choices[0].matched_stop
     ]
+
+
+def test_sglangs_stop_regex_and_extra_key_work_on_the_openai_endpoints(client, model, server):
+    native = post(
+        server, "/generate", {"text": "One, two, three,", "sampling_params": {**GREEDY, "stop_regex": "fi[a-z]+"}}
+    )
+    completion = client.completions.create(
+        model=model, prompt="One, two, three,", max_tokens=20, temperature=0, extra_body={"stop_regex": "fi[a-z]+"}
+    )
+    assert completion.choices[0].text == native.json()["text"] and completion.choices[0].finish_reason == "stop"
+    prompt = "The extra key keeps this prompt's cached pages apart from other keys' requests."
+
+    def cached(key: str) -> int:
+        resp = client.completions.create(model=model, prompt=prompt, max_tokens=1, extra_body={"extra_key": key})
+        return resp.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("k1") == 0 and cached("k1") > 0 and cached("k2") == 0
 
 
 def test_chat_streaming_matches_the_whole_answer(client, model):
