@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from radixcluster.protocol import PromptPin
 from radixcluster.router.api.cache_control_field import CacheControlIn
@@ -54,6 +54,14 @@ _EXTRA_SAMPLING = (
 UNSUPPORTED_OPENAI = {
     **UNSUPPORTED_REQUEST,
     "suffix": "completions with a suffix (insertion) are not supported",
+    # vLLM's extensions
+    "use_beam_search": "beam search is not implemented",
+    "allowed_token_ids": "use logit_bias to favour or ban tokens",
+    "bad_words": "use logit_bias to ban tokens",
+    "truncate_prompt_tokens": "prompts are not truncated: a prompt too long for the context is refused",
+    "prompt_embeds": "prompts are text or token ids",
+    "chat_template": "chats are rendered with the model's own template",
+    "documents": "chats are rendered with the model's own template, without documents",
 }
 
 
@@ -83,6 +91,35 @@ class ResponseFormat(BaseModel):
         return None
 
 
+class StructuredOutputsIn(BaseModel):
+    """vLLM's ``structured_outputs``: one constraint, read as SGLang's grammar parameters."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_: str | dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputsIn:
+        given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if len(given) + bool(self.json_object) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object")
+        return self
+
+    def grammar_params(self) -> dict[str, str]:
+        """The one sampling parameter (regex, json_schema or ebnf) that carries the constraint."""
+        if self.json_ is not None:
+            return {"json_schema": self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)}
+        if self.json_object:
+            return {"json_schema": JSON_OBJECT_SCHEMA}
+        if self.choice is not None:  # JSON's string escapes are the grammar's
+            return {"ebnf": "root ::= " + " | ".join(json.dumps(c) for c in self.choice)}
+        return {"regex": self.regex} if self.regex is not None else {"ebnf": self.grammar or ""}
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -105,6 +142,7 @@ class OpenAIRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsIn | None = None  # vLLM's
     min_tokens: int = Field(0, ge=0)
     top_k: int | None = None
     min_p: float | None = None
@@ -116,7 +154,8 @@ class OpenAIRequest(BaseModel):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    no_stop_trim: bool | None = None
+    # vLLM calls it include_stop_str_in_output
+    no_stop_trim: bool | None = Field(None, validation_alias=AliasChoices("no_stop_trim", "include_stop_str_in_output"))
     stop_regex: str | list[str] | None = None
     logit_bias: LogitBias = None
     rid: Key | None = None
@@ -163,6 +202,8 @@ class OpenAIRequest(BaseModel):
         schema = self.response_format.grammar() if self.response_format is not None else None
         if schema is not None:
             params["json_schema"] = schema
+        if self.structured_outputs is not None:
+            params.update(self.structured_outputs.grammar_params())
         return SamplingParamsIn.model_validate(params)
 
 

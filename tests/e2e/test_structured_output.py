@@ -126,6 +126,27 @@ def test_a_completion_takes_response_format_too(server):
     assert complete(response_format={"type": "json_object"}).choices[0].text.startswith("{")
 
 
+def test_vllms_structured_outputs_and_stop_string_flag(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "none", timeout=600, max_retries=0)
+    model = client.models.list().data[0].id
+    question = [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]
+
+    def answer(**extra) -> str:
+        resp = client.chat.completions.create(
+            model=model, messages=question, max_tokens=48, temperature=0, extra_body=extra
+        )
+        return resp.choices[0].message.content
+
+    assert answer(structured_outputs={"choice": ["Yes", "No", "Maybe so"]}) in ("Yes", "No", "Maybe so")
+    assert re.fullmatch(r"(yes|no)\.", answer(structured_outputs={"regex": r"(yes|no)\."}))
+    grammar = 'root ::= "The answer is " ("yes" | "no") "."'
+    assert re.fullmatch(r"The answer is (yes|no)\.", answer(structured_outputs={"grammar": grammar}))
+    schema = {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]}
+    jsonschema.validate(json.loads(answer(structured_outputs={"json": schema})), schema)
+    trimmed, kept = answer(stop=["."]), answer(stop=["."], include_stop_str_in_output=True)
+    assert kept == trimmed + "."
+
+
 BAD_GRAMMARS = {
     "unclosed regex group": ({"regex": "(ab"}, ["invalid regex", "parenthesis"]),
     "json_schema not JSON": ({"json_schema": '{"type": "object"'}, ["invalid json_schema", "parse JSON"]),

@@ -20,7 +20,7 @@ from radixcluster.router.api.native_schemas import (
     GenerateIn,
     SamplingParamsIn,
 )
-from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
+from radixcluster.router.api.openai_schemas import JSON_OBJECT_SCHEMA, ChatCompletionIn, CompletionIn
 
 BIG = 2**63
 CHAT = [{"role": "user", "content": "hi"}]
@@ -248,6 +248,49 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
     CompletionIn.model_validate({"prompt": "hi", "suffix": None})
     CompletionIn.model_validate({"prompt": "hi", "suffix": ""})
     assert "suffix" in refusal(CompletionIn, {"prompt": "hi", "suffix": "."})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("use_beam_search", True),
+        ("allowed_token_ids", [5, 6]),
+        ("bad_words", ["x"]),
+        ("truncate_prompt_tokens", 8),
+        ("chat_template", "{{ messages }}"),
+    ],
+)
+def test_vllms_extensions_it_cannot_honour_are_refused_unless_null_or_empty(field: str, value) -> None:
+    assert field in refusal(ChatCompletionIn, {"messages": CHAT, field: value})
+    ChatCompletionIn.model_validate({"messages": CHAT, field: type(value)()})  # False, [], 0, ""
+
+
+@pytest.mark.parametrize(
+    "constraint, param, spec",
+    [
+        ({"json": {"type": "object"}}, "json_schema", '{"type": "object"}'),
+        ({"json": '{"type": "array"}'}, "json_schema", '{"type": "array"}'),
+        ({"json_object": True}, "json_schema", JSON_OBJECT_SCHEMA),
+        ({"regex": "a+"}, "regex", "a+"),
+        ({"grammar": 'root ::= "a"'}, "ebnf", 'root ::= "a"'),
+        ({"choice": ["yes", 'say "no"', "ü"]}, "ebnf", 'root ::= "yes" | "say \\"no\\"" | "\\u00fc"'),
+    ],
+)
+def test_vllms_structured_outputs_become_the_grammar_parameter(constraint: dict, param: str, spec: str) -> None:
+    sampling = ChatCompletionIn.model_validate({"messages": CHAT, "structured_outputs": constraint}).sampling()
+    assert getattr(sampling, param) == spec
+
+
+def test_vllms_structured_outputs_take_one_known_constraint_and_its_stop_string_flag_is_no_stop_trim() -> None:
+    for constraint in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": False}):
+        assert "exactly one of" in refusal(CompletionIn, {"prompt": "hi", "structured_outputs": constraint})
+    assert "whitespace_pattern" in refusal(
+        CompletionIn, {"prompt": "hi", "structured_outputs": {"regex": "a", "whitespace_pattern": " "}}
+    )
+    both = {"prompt": "hi", "structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}
+    assert "at most one of" in refusal(CompletionIn, both)
+    kept = CompletionIn.model_validate({"prompt": "hi", "include_stop_str_in_output": True}).sampling()
+    assert kept.no_stop_trim is True
 
 
 @pytest.mark.parametrize("model, body", [(CompletionIn, {"prompt": "hi"}), (ChatCompletionIn, {"messages": CHAT})])
