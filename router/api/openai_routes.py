@@ -68,10 +68,20 @@ def completion_logprobs(entries: list[list[Any]], texts: dict[int, str], offset:
     counts each token's text from ``offset``, the length of the choice's text before them."""
     tokens = [texts[tid] for _, tid, _ in entries]
     offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
+
+    def top(logprob: float, tid: int, tops: list[list[Any]] | None) -> dict[str, float] | None:
+        if tops is None:
+            return None
+        listed = {texts[t]: tlp for tlp, t in tops}
+        # OpenAI's legacy completions always list the chosen token too: up to logprobs + 1
+        # entries (as vLLM gives them)
+        listed.setdefault(texts[tid], logprob)
+        return listed
+
     return {
         "tokens": tokens,
         "token_logprobs": [lp for lp, _, _ in entries],
-        "top_logprobs": [None if tops is None else {texts[tid]: tlp for tlp, tid in tops} for _, _, tops in entries],
+        "top_logprobs": [top(*entry) for entry in entries],
         "text_offset": offsets,
     }
 

@@ -238,6 +238,18 @@ def test_completion_logprobs(client, model):
     assert all(max(top, key=top.get) == token for top, token in zip(lp.top_logprobs, lp.tokens))
 
 
+def test_completion_top_logprobs_always_list_the_chosen_token(client, model):
+    """OpenAI's legacy completions: up to logprobs + 1 entries, the chosen token among them
+    (a sampled one, or a prompt token under echo, that is not among the likeliest)."""
+    prompt = "The quick brown fox jumps over the lazy dog. The quick brown"
+    resp = client.completions.create(model=model, prompt=prompt, max_tokens=8, logprobs=2, echo=True, seed=3)
+    lp = resp.choices[0].logprobs
+    for token, logprob, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+        assert top[token] == logprob and len(top) in (2, 3)
+        assert len(top) == 2 or min(top.values()) == logprob  # the extra entry is the chosen one
+    assert any(len(top) == 3 for top in lp.top_logprobs[1:])  # " quick" after "The" is no top-2 token
+
+
 def test_completion_echo_scores_the_prompt_as_generate_does(server, client, model):
     """echo with logprobs, as lm-eval's loglikelihood asks it (max_tokens 1, logprobs 1): the
     prompt's text, then one entry per prompt token (the first unscored) equal to /generate's
@@ -274,7 +286,8 @@ def test_completion_echo_of_token_ids_zero_tokens_and_streams(client, model):
     assert resp.choices[0].text == "The capital of France is"
     assert resp.usage.completion_tokens == 0
     assert len(resp.choices[0].logprobs.token_logprobs) == len(ids)
-    assert resp.choices[0].logprobs.top_logprobs[1:] == [{}] * (len(ids) - 1)
+    lp = resp.choices[0].logprobs  # logprobs 0: each entry lists the chosen token alone, as vLLM's
+    assert lp.top_logprobs[1:] == [{t: v} for t, v in zip(lp.tokens[1:], lp.token_logprobs[1:])]
     plain = client.completions.create(model=model, prompt="Hello, my name is", max_tokens=6, temperature=0)
     params = dict(model=model, prompt="Hello, my name is", max_tokens=6, temperature=0, echo=True, n=2)
     whole = client.completions.create(**params)
