@@ -17,7 +17,7 @@ from radixcluster.gateway.segment_encoder import SegmentEncoder
 from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import pack_ids
-from radixcluster.router.api.native_schemas import GenerateIn
+from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
@@ -148,11 +148,12 @@ class PromptReader:
             completion = CompletionIn.model_validate(body)
             inputs, tokenized = self._tokenize(completion.prompts())
             start = 0 if completion.prompt_logprobs else -1  # echo with logprobs scores the whole prompt
-            prompts = [_prompt(ids, completion.cache_salt, start) for ids in inputs for _ in range(completion.n)]
+            salt = cache_namespace(completion.cache_salt, completion.extra_key)
+            prompts = [_prompt(ids, salt, start) for ids in inputs for _ in range(completion.n)]
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         chat = ChatCompletionIn.model_validate(body)
         ids = self._encode(messages=[m.as_dict() for m in chat.messages], continue_final=chat.continue_final_message)
-        prompts = [_prompt(ids, chat.cache_salt) for _ in range(chat.n)]
+        prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])
         return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

@@ -14,7 +14,7 @@ from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PIN, WARM, P
 from radixcluster.protocol import GenerateRequest, PromptTokens, SamplingParams
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import prompt_tokens
-from radixcluster.router.api.native_schemas import GenerateIn
+from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.request_intake import RequestIntake
 from radixcluster.router.text.tokenizer import load_tokenizer
@@ -59,6 +59,14 @@ def test_a_tenants_prompts_are_salted_as_the_router_salts_them(reader, tokenizer
     with pytest.raises(ApiError, match="cache_salt") as refused:  # no client names a tenant's namespace
         reader.read(NATIVE, {"text": "x", "cache_salt": alpha})
     assert refused.value.status == 400
+
+
+def test_an_extra_key_namespaces_prompts_on_every_endpoint_as_the_api_does(reader) -> None:
+    chat = [{"role": "user", "content": "Hi"}]
+    expected = cache_namespace("s", "k")
+    for kind, body in ((NATIVE, {"text": "Hi"}), (COMPLETIONS, {"prompt": "Hi"}), (CHAT, {"messages": chat})):
+        routed = reader.read(kind, {**body, "cache_salt": "s", "extra_key": "k"})
+        assert routed.prompts[0].salt == expected != reader.read(kind, {**body, "cache_salt": "s"}).prompts[0].salt
 
 
 def test_a_warm_or_a_pin_is_read_as_the_generation_of_its_prefix(reader, tokenizer) -> None:
