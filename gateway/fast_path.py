@@ -8,13 +8,18 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster.gateway.context import GatewayContext, forward
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, RESPONSES
 from radixcluster.router.api.errors import failure_response
 
 # The FastAPI app declares these routes too, for what it answers about them (405 to another
 # method, the redirect of a path with a trailing slash, the OpenAPI schema); a POST to one of
 # these exact paths is served here and never reaches it.
-GENERATION_ROUTES = {"/generate": NATIVE, "/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
+GENERATION_ROUTES = {
+    "/generate": NATIVE,
+    "/v1/completions": COMPLETIONS,
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": RESPONSES,
+}
 
 
 class FastPath:

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from radixcluster.gateway.connections import Exchange, UpstreamError
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.predictions import PredictionLedger, Report
-from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RoutedRequest
+from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RESPONSES, RoutedRequest
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
@@ -186,7 +186,7 @@ class Forwarder:
         elif routed.kind == NATIVE:
             for index, item in enumerate(answer if isinstance(answer, list) else [answer]):
                 self._native_meta(item["meta_info"], index, placement, routed, final=True)
-        else:
+        elif answer.get("usage"):  # a failed response has none
             self._usage(answer["usage"], placement, routed)
         return answer
 
@@ -203,8 +203,9 @@ class Forwarder:
         firsts = list(range(0, len(routed.prompts), routed.usage_stride))
         usage["replica"] = placement.replica.url
         usage["predicted_cached_tokens"] = sum(placement.predicted[i] for i in firsts)
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        report = Report(firsts, cached, usage["prompt_tokens"])
+        prompt = "input_tokens" if routed.kind == RESPONSES else "prompt_tokens"  # the Responses API's names
+        cached = (usage.get(f"{prompt}_details") or {}).get("cached_tokens", 0)
+        report = Report(firsts, cached, usage[prompt])
         self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
 
     async def _relay(
@@ -221,7 +222,11 @@ class Forwarder:
                     yield SSE_DONE
                     continue
                 chunk = json.loads(data)
-                if "error" in chunk:
+                if routed.kind == RESPONSES:  # typed events, the last one with the response's usage
+                    if (chunk.get("response") or {}).get("usage"):
+                        self._usage(chunk["response"]["usage"], placement, routed)
+                    yield sse(chunk, chunk.get("type"))
+                elif "error" in chunk:
                     yield sse(chunk)
                 elif routed.kind == NATIVE:
                     meta = chunk["meta_info"]
@@ -236,7 +241,11 @@ class Forwarder:
                     yield sse(chunk)
         except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
-            yield sse(error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}"))
-            yield SSE_DONE
+            error = error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}")
+            if routed.kind == RESPONSES:  # an error event, and no [DONE], in the Responses API
+                yield sse({"type": "error", **error["error"]}, "error")
+            else:
+                yield sse(error)
+                yield SSE_DONE
         finally:
             dispatch.end()

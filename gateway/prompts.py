@@ -19,10 +19,11 @@ from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import pack_ids
 from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
+from radixcluster.router.api.responses_schemas import ResponsesIn
 from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
-NATIVE, COMPLETIONS, CHAT = "native", "completions", "chat"
+NATIVE, COMPLETIONS, CHAT, RESPONSES = "native", "completions", "chat", "responses"
 # POST /cache/warm and /cache/pin: one prompt, answered with a native meta_info's counts at the top
 WARM, PIN = "warm", "pin"
 CACHE_KINDS: dict[str, type[CachePrefixIn]] = {WARM: CachePrefixIn, PIN: PinIn}
@@ -152,6 +153,11 @@ class PromptReader:
             prompts = [_prompt(ids, salt, start) for ids in inputs for _ in range(completion.n)]
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
+        if kind == RESPONSES:  # a chat whose usage always comes with its answer
+            response = ResponsesIn.model_validate(body)
+            ids = self._encode(messages=response.messages(), continue_final=False)
+            prompts = [_prompt(ids, cache_namespace(response.cache_salt, response.extra_key))]
+            return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
         chat = ChatCompletionIn.model_validate(body)
         ids = self._encode(messages=[m.as_dict() for m in chat.messages], continue_final=chat.continue_final_message)
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]

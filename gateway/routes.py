@@ -5,6 +5,7 @@ cache_routes."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from radixcluster.gateway.context import GatewayContext, available, each, failures, forward, passed_on
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE
+from radixcluster.gateway.fast_path import GENERATION_ROUTES
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
 from radixcluster.router.api.control_schemas import AbortIn
 from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
@@ -39,20 +40,20 @@ async def _ask_one(ctx: GatewayContext, method: str, path: str, content: bytes |
     return error_response(503, "no replica answered: " + "; ".join(errors))
 
 
+def _generation(ctx: GatewayContext, path: str, kind: str) -> Callable[[Request], Awaitable[Response]]:
+    """FastAPI's route for a generation path (the fast path serves its POSTs ahead of it)."""
+
+    async def generation(request: Request) -> Response:
+        return await forward(ctx, request.receive, request.headers, path, kind)
+
+    return generation
+
+
 def gateway_routes(ctx: GatewayContext) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/generate")
-    async def generate(request: Request) -> Response:
-        return await forward(ctx, request.receive, request.headers, "/generate", NATIVE)
-
-    @router.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await forward(ctx, request.receive, request.headers, "/v1/completions", COMPLETIONS)
-
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await forward(ctx, request.receive, request.headers, "/v1/chat/completions", CHAT)
+    for path, kind in GENERATION_ROUTES.items():
+        router.add_api_route(path, _generation(ctx, path, kind), methods=["POST"])
 
     @router.get("/health")
     async def health() -> Response:

@@ -263,8 +263,9 @@ async def collect(request: Request, streams: list[AsyncIterator[Generation]]) ->
     return await until_disconnect(request.receive, drain())
 
 
-def sse(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+def sse(payload: Any, event: str | None = None) -> bytes:
+    named = f"event: {event}\n" if event is not None else ""
+    return f"{named}data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -287,8 +288,11 @@ class SSEResponse(StreamingResponse):
             await self._body.aclose()
 
 
-async def start_stream(request: Request, chunks: AsyncGenerator[dict[str, Any], None]) -> SSEResponse:
-    """SSE frames of ``chunks``, then ``[DONE]``.
+async def start_stream(
+    request: Request, chunks: AsyncGenerator[dict[str, Any], None], typed: bool = False
+) -> SSEResponse:
+    """SSE frames of ``chunks``, then ``[DONE]``; ``typed`` (the Responses API's events): each
+    frame named by its chunk's ``type``, an error as an ``error`` event, and no ``[DONE]``.
 
     The first chunk is awaited before answering, so a request the router rejects at once
     gets its HTTP error status; an error after that becomes an error frame (the status
@@ -301,15 +305,20 @@ async def start_stream(request: Request, chunks: AsyncGenerator[dict[str, Any], 
         await chunks.aclose()
         raise
 
+    def frame(chunk: dict[str, Any]) -> bytes:
+        return sse(chunk, chunk["type"]) if typed else sse(chunk)
+
     async def body() -> AsyncGenerator[bytes, None]:
         try:
-            yield sse(first)
+            yield frame(first)
             async for chunk in chunks:
-                yield sse(chunk)
+                yield frame(chunk)
         except ApiError as exc:
-            yield sse(error_body(exc.status, exc.message))
+            error = error_body(exc.status, exc.message)
+            yield sse({"type": "error", **error["error"]}, "error") if typed else sse(error)
         finally:
             await chunks.aclose()
-        yield SSE_DONE
+        if not typed:
+            yield SSE_DONE
 
     return SSEResponse(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

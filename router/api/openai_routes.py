@@ -200,25 +200,26 @@ async def _chat_chunks(
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
 
+def start_generations(
+    ctx: ApiContext,
+    request: Request,
+    body: OpenAIRequest,
+    inputs: list[dict[str, Any]],
+    return_logprob: bool = False,
+    top_logprobs: int = 0,
+    prompt_logprobs: bool = False,
+) -> list[AsyncIterator[Generation]]:
+    """The generations of an OpenAI request: ``body.n`` of each of ``inputs``."""
+    if body.pins():  # a pin is a cache-control call: with an admin key, only its holder's
+        admin_check(ctx.config.admin_api_key)(request)
+    deadline = deadline_of(body.deadline_s)
+    requests = _requests(body, inputs, return_logprob, top_logprobs, prompt_logprobs)
+    return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
+
+
 def openai_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     model = ctx.config.served_model_name
-
-    pinner = admin_check(ctx.config.admin_api_key)
-
-    def run(
-        request: Request,
-        body: OpenAIRequest,
-        inputs: list[dict[str, Any]],
-        return_logprob: bool,
-        top_logprobs: int,
-        prompt_logprobs: bool,
-    ) -> list[AsyncIterator[Generation]]:
-        if body.pins():
-            pinner(request)  # a pin is a cache-control call: with an admin key, only its holder's
-        deadline = deadline_of(body.deadline_s)
-        requests = _requests(body, inputs, return_logprob, top_logprobs, prompt_logprobs)
-        return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
 
@@ -238,7 +239,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
         echoes = await _echo_texts(ctx, body)
-        streams = run(request, body, inputs, wants_logprobs, body.logprobs or 0, body.prompt_logprobs)
+        streams = start_generations(
+            ctx, request, body, inputs, wants_logprobs, body.logprobs or 0, body.prompt_logprobs
+        )
         if body.stream:
             head = _head("text_completion", "cmpl", model)
             return await start_stream(request, _completion_chunks(streams, body, head, echoes))
@@ -264,7 +267,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         inputs = [
             {"messages": [m.as_dict() for m in body.messages], "continue_final_message": body.continue_final_message}
         ]
-        streams = run(request, body, inputs, body.logprobs, body.top_logprobs or 0, False)
+        streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
             return await start_stream(request, _chat_chunks(streams, body, head))

@@ -130,6 +130,8 @@ class OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     # new tokens when the request sets no limit (lowered to what the context leaves)
     default_max_tokens: ClassVar[int]
+    # fields it would have to act on and does not: refused unless null or empty
+    unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_OPENAI
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
@@ -169,7 +171,7 @@ class OpenAIRequest(BaseModel):
     @classmethod
     def _supported(cls, data: Any) -> Any:
         # SGLang's extensions it would act on (lora_path, ...) are refused here too
-        data = drop_unsupported(data, UNSUPPORTED_OPENAI)
+        data = drop_unsupported(data, cls.unsupported)
         # OpenAI's fields are nullable, and clients (LangChain, LiteLLM) send nulls: a null
         # field is a field left out
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data

@@ -62,6 +62,20 @@ def test_streams_are_relayed_frame_by_frame(servers) -> None:
     assert usage["replica"] == replica.url and "predicted_cached_tokens" in usage
 
 
+def test_responses_are_relayed_with_their_events_and_the_prediction(servers) -> None:
+    replica, gateway = servers
+    body = {"input": "Name a colour.", "instructions": "Be brief.", "max_output_tokens": 4, "temperature": 0}
+    direct, through = (post(s, "/v1/responses", body).json() for s in servers)
+    assert through["output"][0]["content"] == direct["output"][0]["content"]
+    assert through["usage"]["replica"] == replica.url and "predicted_cached_tokens" in through["usage"]
+    with post(gateway, "/v1/responses", {**body, "stream": True}, stream=True) as resp:
+        lines = [line for line in resp.iter_lines(decode_unicode=True) if line]
+    names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
+    frames = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    assert names == [f["type"] for f in frames] and names[-1] == "response.incomplete"  # no [DONE]
+    assert frames[-1]["response"]["usage"]["replica"] == replica.url
+
+
 def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -> None:
     replica, gateway = servers
     tokenizer = load_tokenizer(model_path)

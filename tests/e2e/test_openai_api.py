@@ -393,3 +393,41 @@ def test_a_seeded_requests_n_choices_differ_and_repeat(client, model):
     first, again = (client.completions.create(**params) for _ in range(2))
     texts = [c.text for c in first.choices]
     assert texts == [c.text for c in again.choices] and len(set(texts)) == 3
+
+
+def test_the_responses_api_answers_as_the_chat_does(client, model):
+    """``client.responses.create``: the instructions and input read as a chat, the same
+    greedy answer; a stream's deltas add up to it between the API's typed events."""
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "system", "content": "Be brief."}, *QUESTION], max_tokens=30, temperature=0
+    )
+    ask = dict(model=model, input=QUESTION[0]["content"], instructions="Be brief.", max_output_tokens=30, temperature=0)
+    response = client.responses.create(**ask)
+    assert response.status == "completed" and response.output_text == chat.choices[0].message.content
+    assert response.output[0].role == "assistant" and response.id.startswith("resp_")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        chat.usage.prompt_tokens,
+        chat.usage.completion_tokens,
+    )
+    assert response.usage.input_tokens_details.cached_tokens > 0  # the chat's prompt, cached
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text == response.output_text
+    cut = client.responses.create(**{**ask, "max_output_tokens": 2})
+    assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        client.responses.create(model=model, input="Hi", previous_response_id=response.id)
