@@ -95,11 +95,14 @@ async def _events(stream: AsyncIterator[Generation], view: ResponseView) -> Asyn
         number += 1
         return {"type": f"response.{kind}", "sequence_number": number - 1, **fields}
 
+    # the first output comes before the first event: a request the router refuses at once (a
+    # prompt over the context, a bad grammar) is then the HTTP error, as a chat's stream is
+    first = await anext(stream)
     yield event("created", response=view.response(None))
     yield event("in_progress", response=view.response(None))
     yield event("output_item.added", output_index=0, item=view.item(None))
     yield event("content_part.added", **where, part=view.part(""))
-    async for gen in stream:
+    async for gen in _chained(first, stream):
         if gen.new_text:
             yield event("output_text.delta", **where, delta=gen.new_text, logprobs=[])
         if gen.finished:
@@ -107,6 +110,12 @@ async def _events(stream: AsyncIterator[Generation], view: ResponseView) -> Asyn
             yield event("content_part.done", **where, part=view.part(gen.text))
             yield event("output_item.done", output_index=0, item=view.item(gen))
             yield event(view.status(gen), response=view.response(gen))
+
+
+async def _chained(first: Generation, rest: AsyncIterator[Generation]) -> AsyncIterator[Generation]:
+    yield first
+    async for gen in rest:
+        yield gen
 
 
 def responses_routes(ctx: ApiContext) -> APIRouter:

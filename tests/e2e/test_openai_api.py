@@ -395,7 +395,7 @@ def test_a_seeded_requests_n_choices_differ_and_repeat(client, model):
     assert texts == [c.text for c in again.choices] and len(set(texts)) == 3
 
 
-def test_the_responses_api_answers_as_the_chat_does(client, model):
+def test_the_responses_api_answers_as_the_chat_does(client, model, server):
     """``client.responses.create``: the instructions and input read as a chat, the same
     greedy answer; a stream's deltas add up to it between the API's typed events."""
     chat = client.chat.completions.create(
@@ -431,3 +431,6 @@ def test_the_responses_api_answers_as_the_chat_does(client, model):
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=model, input="Hi", previous_response_id=response.id)
+    # refused at once, a stream is still the HTTP error, before any event
+    too_long = post(server, "/v1/responses", {"input": "word " * 9000, "stream": True})
+    assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]
