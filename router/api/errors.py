@@ -49,14 +49,15 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
 
 
-def error_body(status: int, message: str) -> dict:
-    """The JSON body of every error response (OpenAI's shape)."""
-    return {"error": {"message": message, "type": error_type(status), "code": status}}
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    """The JSON body of every error response (OpenAI's shape: ``param`` names the field at
+    fault, when one is)."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse(error_body(status, message), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 # pydantic's tags of union members in an error's location ("list[str]", "str"); no field is
@@ -89,11 +90,21 @@ def _helpful(errors: list[Any]) -> list[Any]:
     return [err for err, m in zip(errors, members) if m is None or m[0] not in fitting_sites or m in fitting]
 
 
+def _location(err: Any) -> str:
+    """The dotted path of the field an error is about ("" for the whole body)."""
+    return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
+
+
+def validation_param(exc: ValidationError | RequestValidationError) -> str | None:
+    """The first offending field, as OpenAI's ``param`` names it (None: the whole body)."""
+    return next((loc for loc in map(_location, _helpful(list(exc.errors()))) if loc), None)
+
+
 def describe_validation_error(exc: ValidationError | RequestValidationError) -> str:
     """One line naming each offending field and what is wrong with it."""
     parts: list[str] = []
     for err in _helpful(list(exc.errors())):
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
+        loc = _location(err)
         msg = err.get("msg", "invalid value")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
@@ -184,11 +195,11 @@ async def receive_body(receive: Receive, headers: Headers, max_bytes: int) -> by
 def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
     """The error response to an exception raised while serving ``method path``; an unexpected
     one is logged, its details kept from whoever sent the request."""
-    status, message = 500, "internal error (logged on the server)"
+    status, message, param = 500, "internal error (logged on the server)", None
     if isinstance(exc, ApiError):
         status, message = exc.status, exc.message
     elif isinstance(exc, (ValidationError, RequestValidationError)):
-        status, message = 400, describe_validation_error(exc)
+        status, message, param = 400, describe_validation_error(exc), validation_param(exc)
     elif isinstance(exc, RouterUnavailable):
         status, message = 503, f"the router is unavailable: {exc}"
     elif isinstance(exc, RouterError):
@@ -199,7 +210,7 @@ def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
         status, message = exc.status_code, str(exc.detail)
     else:
         logger.exception("unhandled error on %s %s", method, path, exc_info=exc)
-    return error_response(status, message)
+    return error_response(status, message, param)
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:

@@ -143,3 +143,17 @@ def test_tenant_keys_are_accepted_beside_the_api_key(tmp_path: Path):
         assert client.get("/v1/models", headers={"Authorization": "Bearer ka"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer kb"}).status_code == 401
         assert client.get("/v1/models").status_code == 401
+
+
+def test_an_error_names_the_field_at_fault_as_openais_param(app):
+    with TestClient(app) as client:
+        auth = {"Authorization": "Bearer k"}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}
+        error = client.post("/v1/chat/completions", json=chat, headers=auth).json()["error"]
+        assert (error["param"], error["code"], error["type"]) == ("max_tokens", 400, "invalid_request_error")
+        wrong = {"text": "hi", "sampling_params": {"temperature": -1}}
+        assert (
+            client.post("/generate", json=wrong, headers=auth).json()["error"]["param"] == "sampling_params.temperature"
+        )
+        not_json = client.post("/generate", content=b"{", headers=auth).json()["error"]
+        assert not_json["param"] is None and "invalid JSON" in not_json["message"]
