@@ -243,7 +243,7 @@ class Forwarder:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
             error = error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}")
             if routed.kind == RESPONSES:  # an error event, and no [DONE], in the Responses API
-                yield sse({"type": "error", **error["error"]}, "error")
+                yield sse({**error["error"], "type": "error"}, "error")
             else:
                 yield sse(error)
                 yield SSE_DONE

@@ -315,7 +315,7 @@ async def start_stream(
                 yield frame(chunk)
         except ApiError as exc:
             error = error_body(exc.status, exc.message)
-            yield sse({"type": "error", **error["error"]}, "error") if typed else sse(error)
+            yield sse({**error["error"], "type": "error"}, "error") if typed else sse(error)
         finally:
             await chunks.aclose()
         if not typed:

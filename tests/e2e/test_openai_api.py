@@ -431,6 +431,13 @@ def test_the_responses_api_answers_as_the_chat_does(client, model, server):
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=model, input="Hi", previous_response_id=response.id)
+    # a stream that fails after its first event ends with the API's error event
+    late = {"input": "Count to ten thousand.", "max_output_tokens": 4000, "ignore_eos": True, "deadline_s": 3}
+    with post(server, "/v1/responses", {**late, "stream": True}, stream=True) as resp:
+        lines = [line for line in resp.iter_lines(decode_unicode=True) if line]
+    assert lines[-2] == "event: error"
+    error = json.loads(lines[-1][len("data: ") :])
+    assert (error["type"], error["code"]) == ("error", 504) and "deadline_s" in error["message"]
     # refused at once, a stream is still the HTTP error, before any event
     too_long = post(server, "/v1/responses", {"input": "word " * 9000, "stream": True})
     assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]
