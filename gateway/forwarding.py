@@ -29,8 +29,8 @@ from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RESPONSES, RoutedR
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
-from radixcluster.router.api.errors import ApiError, error_body
-from radixcluster.router.api.generation import SSE_DONE, SSEResponse, sse, until_disconnect
+from radixcluster.router.api.errors import ApiError
+from radixcluster.router.api.generation import SSE_DONE, SSEResponse, error_frame, sse, until_disconnect
 
 logger = logging.getLogger(__name__)
 
@@ -241,11 +241,9 @@ class Forwarder:
                     yield sse(chunk)
         except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
-            error = error_body(502, f"the replica {placement.replica.url} failed mid-stream: {exc}")
-            if routed.kind == RESPONSES:  # an error event, and no [DONE], in the Responses API
-                yield sse({**error["error"], "type": "error"}, "error")
-            else:
-                yield sse(error)
+            typed = routed.kind == RESPONSES  # an error event, and no [DONE], in the Responses API
+            yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed)
+            if not typed:
                 yield SSE_DONE
         finally:
             dispatch.end()

@@ -271,6 +271,13 @@ def sse(payload: Any, event: str | None = None) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
+def error_frame(status: int, message: str, typed: bool) -> bytes:
+    """A stream's failure after its first frame: OpenAI's error chunk, or (``typed``) the
+    Responses API's ``error`` event."""
+    error = error_body(status, message)
+    return sse({**error["error"], "type": "error"}, "error") if typed else sse(error)
+
+
 class SSEResponse(StreamingResponse):
     """A text/event-stream whose body iterator is always closed, so a client that leaves
     mid-stream aborts its requests at once rather than when the iterator is collected."""
@@ -314,8 +321,7 @@ async def start_stream(
             async for chunk in chunks:
                 yield frame(chunk)
         except ApiError as exc:
-            error = error_body(exc.status, exc.message)
-            yield sse({**error["error"], "type": "error"}, "error") if typed else sse(error)
+            yield error_frame(exc.status, exc.message, typed)
         finally:
             await chunks.aclose()
         if not typed:

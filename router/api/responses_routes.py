@@ -35,7 +35,8 @@ class ResponseView:
             return "in_progress"
         return _STATUS.get(gen.finish_type or "", "failed")
 
-    def part(self, text: str) -> dict[str, Any]:
+    @staticmethod
+    def part(text: str) -> dict[str, Any]:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
     def item(self, gen: Generation | None) -> dict[str, Any]:
