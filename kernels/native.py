@@ -31,7 +31,7 @@ def _load() -> str | NativeBuildError:
 
 def load() -> str:
     """Build (when not cached) and load the kernels, once per process; the instruction set they
-    run on (``avx512``, ``avx2`` or ``scalar``). Raises NativeBuildError, the same every time."""
+    run on (``amx``, ``avx512bf16``, ``avx512``, ``avx2`` or ``scalar``). Raises NativeBuildError, the same every time."""
     result = _load()
     if isinstance(result, NativeBuildError):
         raise result

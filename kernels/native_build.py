@@ -51,8 +51,11 @@ AVX512 = (
     "-Wno-maybe-uninitialized",
     "-Wno-uninitialized",
 )
+AVX512_BF16 = (*AVX512, "-DRC_ISA_AVX512_BF16", "-mavx512bf16")
 X86_ISAS = {
-    "avx512bf16": (*AVX512, "-DRC_ISA_AVX512_BF16", "-mavx512bf16"),
+    # avx512bf16 with attention on AMX tiles (kernels/csrc/attention_amx.h)
+    "amx": (*AVX512_BF16, "-DRC_ISA_AMX", "-mamx-tile", "-mamx-bf16"),
+    "avx512bf16": AVX512_BF16,
     "avx512": AVX512,
     "avx2": ("-DRC_ISA_AVX2", "-mavx2", "-mfma"),
     "scalar": (),

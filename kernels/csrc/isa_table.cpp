@@ -1,5 +1,5 @@
 // The one exported symbol of a per-ISA kernel library: its table of kernels. RC_ISA names the
-// instruction set (avx512, avx2, scalar); the build gives each library its own -m flags.
+// instruction set (amx, avx512bf16, avx512, avx2, scalar); the build gives each library its own -m flags.
 #include "kernels.h"
 #include "vec.h"
 

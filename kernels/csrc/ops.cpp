@@ -16,12 +16,18 @@
 #include "kernel_api.h"
 #include "plan.h"
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 extern "C" {
 const rc_kernel_table* rc_kernels_scalar();
 #if defined(RC_X86)
 const rc_kernel_table* rc_kernels_avx2();
 const rc_kernel_table* rc_kernels_avx512();
 const rc_kernel_table* rc_kernels_avx512bf16();
+const rc_kernel_table* rc_kernels_amx();
 #endif
 }
 
@@ -40,6 +46,19 @@ bool has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
 }
 bool has_avx512bf16() { return has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+// AMX also needs the kernel's leave to use the tile state, asked once for the whole process
+bool has_amx() {
+  static const bool granted = [] {
+    if (!has_avx512bf16() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+#if defined(__linux__)
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+  }();
+  return granted;
+}
 bool has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -50,6 +69,7 @@ bool always() { return true; }
 // best first
 const Isa ISAS[] = {
 #if defined(RC_X86)
+    {"amx", rc_kernels_amx, has_amx},
     {"avx512bf16", rc_kernels_avx512bf16, has_avx512bf16},
     {"avx512", rc_kernels_avx512, has_avx512},
     {"avx2", rc_kernels_avx2, has_avx2},

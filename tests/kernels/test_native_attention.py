@@ -41,7 +41,7 @@ def kernels() -> str:
     return native.load()
 
 
-@pytest.fixture(params=["avx512bf16", "avx512", "avx2", "scalar"])
+@pytest.fixture(params=["amx", "avx512bf16", "avx512", "avx2", "scalar"])
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each instruction set the kernels are built for, forced in turn where this CPU runs it."""
     yield from forced_isa(request.param)

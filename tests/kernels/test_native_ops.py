@@ -30,7 +30,7 @@ def ops():
     return native_layer_ops()
 
 
-@pytest.fixture(autouse=True, params=["avx512bf16", "avx512", "avx2", "scalar"])
+@pytest.fixture(autouse=True, params=["amx", "avx512bf16", "avx512", "avx2", "scalar"])
 def isa(ops, request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param not in torch.ops.radixcluster.supported_isas():
         pytest.skip(f"this CPU does not run {request.param}")
