@@ -4,7 +4,7 @@ rows where the layer has one, else F.linear: MKL's gemv at one row), on SmolLM2'
 LM head, every weight its own tensor so that each is read from memory as in a real step; in
 bfloat16 also F.linear on the operands widened to float32 (what serves more rows on a CPU
 without bfloat16 arithmetic). Each path goes through the layers' own ``linear``. Up to how many
-rows the native product serves is what ``native_rows`` in worker/packed_linear.py encodes.
+rows the native product serves is what ``packed_max_rows`` in worker/packed_linear.py encodes.
 
 Run: .venv/bin/python benchmarks/bench_few_rows.py [--threads 2] [--repeats 7] [--dtype float32]
 [--rows 1 2 4 8 16 32 64]

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixcluster.cpu_info import cpu_flags, cpuinfo_text
 from radixcluster.model_config import ModelConfig, load_model_config
 from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.server_args import ServerArgs
@@ -75,10 +74,8 @@ def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
 def packed_weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
     """Bytes of the prepacked copies of the linear layers and the LM head (all ranks together),
     at most: one copy (the native product's layout, or oneDNN's where the native kernels are not
-    loaded), two of bfloat16 weights on a CPU with AMX (the native product serves them one row,
-    oneDNN's copy the rest)."""
-    copies = 2 if dtype_bytes == 2 and "amx_tile" in cpu_flags(cpuinfo_text()) else 1
-    return copies * (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
+    loaded)."""
+    return (cfg.num_layers * _layer_linear_params(cfg) + cfg.vocab_size * cfg.hidden_size) * dtype_bytes
 
 
 def _layer_linear_params(cfg: ModelConfig) -> int:

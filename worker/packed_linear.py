@@ -1,9 +1,9 @@
 """What linear layers compute with besides ``F.linear``: the native product
 (``kernels/csrc/matvec.cpp``) on a copy of the weight in its blocked layout, which reads the
 weight at nearly the memory's bandwidth for a decode step's few rows and, on the AVX-512 EPYC,
-beat oneDNN's packed product up to 2,048 rows in fp32 and 256 in bf16 (bf16 dot products);
-oneDNN's prepacked copy, where the native product does not serve (bfloat16 beyond one row on a
-CPU with AMX) or the native kernels are not loaded; and, for bfloat16 on a CPU without
+beat oneDNN's packed product up to 2,048 rows in fp32 and 256 in bf16 (bf16 dot products), and
+on the AMX Xeon in bf16 up to 128 (AMX tiles from 8 rows);
+oneDNN's prepacked copy, where the native kernels are not loaded; and, for bfloat16 on a CPU without
 bfloat16 arithmetic, the product of the operands widened to float32, which MKL's sgemm
 computes 2-7x faster than its emulated bfloat16 kernels.
 
@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 # With bf16 dot products (AVX-512 BF16) the native product takes a bf16 weight two input features
 # at a time: on the AVX-512 EPYC a step's bf16 linear work ran 2.3-3.0x faster than oneDNN's packed
 # product at 1 row, 1.4-1.6x at 3-8, 1.3x at 16-64 and 1.13x at 256 (benchmarks/bench_few_rows.py
-# --dtype bfloat16). AMX was measured only at 1 row: there oneDNN's copy serves the rest.
+# --dtype bfloat16). With AMX it takes 8 rows or more on tiles: on the AMX Xeon a step's bf16
+# linear work ran 2.1x oneDNN's packed (AMX) product at 1 row, 1.4-1.6x at 4-32, 1.25x at 64 and
+# level at 128.
 
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native
 # product does not), F.linear the others. On the 2-core AVX2 EPYC, float32, 1 thread, CPU
@@ -82,15 +84,6 @@ def packed_max_rows() -> int:
     return sys.maxsize if amd and torch.cpu._is_avx512_supported() else PACKED_MAX_ROWS
 
 
-def native_rows(dtype: torch.dtype) -> int:
-    """Up to how many rows the native product serves a layer: every row count a packed weight
-    would serve (``packed_max_rows()``), but one row of a bfloat16 weight on a CPU with AMX
-    (oneDNN's packed copy serves the rest)."""
-    if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported():
-        return 1
-    return packed_max_rows()
-
-
 @dataclass(frozen=True, slots=True)
 class FastLinear:
     """A layer's faster paths: ``matvec`` (the native product, on ``blocked``, the weight in its
@@ -126,7 +119,7 @@ def linear(
 
 def prepare_linears(model: nn.Module, prepack: bool, ops: LayerOps) -> int:
     """When ``prepack``, give every layer with a ``fast`` slot its FastLinear: its weight in the
-    layout of ``ops``'s native product for up to ``native_rows`` rows, and a oneDNN-packed copy
+    layout of ``ops``'s native product for up to ``packed_max_rows()`` rows, and a oneDNN-packed copy
     where it has at least PACK_MIN_PARAMS weights and some row counts up to
     ``packed_max_rows()`` are left to it; besides, and without ``prepack`` too, widening where the
     weight is bfloat16 and the CPU has no bfloat16 arithmetic. Returns the bytes the copies take."""
@@ -137,7 +130,7 @@ def prepare_linears(model: nn.Module, prepack: bool, ops: LayerOps) -> int:
             continue
         block = ops.block_weight if prepack and ops.matvec is not None else None
         blocked = block(weight) if block is not None else None
-        rows = native_rows(weight.dtype) if blocked is not None else 0
+        rows = packed_max_rows() if blocked is not None else 0
         left = prepack and weight.numel() >= PACK_MIN_PARAMS and packed_max_rows() > rows
         packed = pack_weight(weight) if left else None
         total += sum(t.numel() * t.element_size() for t in (blocked, packed) if t is not None)

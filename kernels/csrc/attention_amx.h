@@ -4,11 +4,10 @@
 // once for the tile products (staged) and then serve every row block of the task.
 #pragma once
 
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstdint>
 
+#include "amx.h"
 #include "attention_tile.h"
 
 namespace rc::amx {
@@ -17,27 +16,9 @@ namespace rc::amx {
 constexpr int HALF = 16;
 static_assert(KEY_BLOCK == 2 * HALF && W == 16, "a key block is two score tiles of 16 keys");
 
-// The tile registers, every one 16 rows of 64 bytes (GCC's tile intrinsics take literal
-// numbers): tmm0 a query tile (16 rows x 32 dims), tmm1 the keys of a score tile (16 dim pairs
-// x 16 keys), tmm2 / tmm3 the block's two score tiles, tmm4 the weights (16 rows x 32 keys),
-// tmm5 the values (16 key pairs x 16 dims), tmm6 16 rows x 16 dims of the output.
-constexpr int TILES = 7;
-
-// Sets every tile to 16 rows of 64 bytes; per thread, before its first tile instruction.
-inline void configure() {
-  struct alignas(64) {
-    uint8_t palette = 1;
-    uint8_t start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-  } config;
-  for (int t = 0; t < TILES; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
+// The tile registers (amx.h): tmm0 a query tile (16 rows x 32 dims), tmm1 the keys of a score
+// tile (16 dim pairs x 16 keys), tmm2 / tmm3 the block's two score tiles, tmm4 the weights (16
+// rows x 32 keys), tmm5 the values (16 key pairs x 16 dims), tmm6 16 rows x 16 dims of the output.
 
 // One key block as the tile products read it: for every 32 dimensions c and half h of the
 // block, K^T as [16 dim pairs][16 keys] (a pair of bf16 in each dword), and for every 16

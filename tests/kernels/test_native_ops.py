@@ -121,6 +121,8 @@ def test_store_kv_writes_exactly_the_reference_rows(ops, dtype) -> None:
         (13, 112, 37),
         (32, 960, 576),
         (70, 256, 64),
+        (33, 80, 64),
+        (9, 80, 64),
     ],
 )
 def test_matvec_is_f_linear_of_the_blocked_weight(ops, dtype, m, n, k) -> None:

@@ -24,7 +24,6 @@ from radixcluster.worker.packed_linear import (
     FastLinear,
     cpu_has_bf16_arithmetic,
     linear,
-    native_rows,
     pack_weight,
     packed_max_rows,
     prepare_linears,
@@ -121,7 +120,7 @@ def test_with_the_native_product_every_linear_layer_gets_its_blocked_copy(model_
     fast = {name: module.fast for name, module in model.named_modules() if hasattr(module, "fast")}
     assert len(fast) == 4 * config.num_layers + 1
     assert all(f is not None and f.matvec is ops.matvec and f.blocked is not None for f in fast.values())
-    assert all(f.matvec_rows == native_rows(torch.float32) == packed_max_rows() for f in fast.values())
+    assert all(f.matvec_rows == packed_max_rows() for f in fast.values())
     # the blocked copy serves every row count a oneDNN copy would: no second copy
     assert all(f.packed is None for f in fast.values())
     assert copies == packed_weight_bytes(config, 4)
@@ -134,15 +133,13 @@ def test_without_prepacking_no_layer_gets_a_copy(model_path):
     assert all(getattr(m, "fast", None) is None for m in model.modules())
 
 
-def test_a_bfloat16_weight_gets_onednns_copy_only_where_the_native_product_leaves_rows_to_it(model_path):
+def test_a_bfloat16_weight_gets_the_native_copy_alone(model_path):
     config = replace(load_model_config(model_path), num_layers=1)
     model = LlamaForCausalLM(config, TPGroup()).to(torch.bfloat16)
-    packs = pack_weight(model.lm_head.weight) is not None
     prepare_linears(model, prepack=True, ops=native_layer_ops())
     head = model.lm_head.fast
-    amx = torch.cpu._is_amx_tile_supported()
-    assert head.matvec_rows == native_rows(torch.bfloat16) == (1 if amx else packed_max_rows())
-    assert head.blocked is not None and (head.packed is not None) == (packs and amx)
+    assert head.matvec_rows == packed_max_rows()
+    assert head.blocked is not None and head.packed is None
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
