@@ -272,12 +272,15 @@ void merge_token(const rc_attention_args& a, const rc_merge& m, int kv_head) {
 
 void paged_attention(const rc_attention_args* args) {
   const rc_attention_args& a = *args;
-  const int64_t items = int64_t(a.num_tasks) * a.num_kv_heads;
   const int64_t merges = int64_t(a.num_merges) * a.num_kv_heads;
 #pragma omp parallel
   {
+    // a task's KV heads one after another on one thread: a cache row holds every KV head's K (V),
+    // so the rows the first head pulls in serve the others from the thread's own cache (a decode
+    // from memory ran 8-15 % faster than with the heads spread over the threads)
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < items; ++i) run_task(a, a.tasks[i / a.num_kv_heads], int(i % a.num_kv_heads));
+    for (int64_t t = 0; t < a.num_tasks; ++t)
+      for (int h = 0; h < a.num_kv_heads; ++h) run_task(a, a.tasks[t], h);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < merges; ++i) merge_token(a, a.merges[i / a.num_kv_heads], int(i % a.num_kv_heads));
   }

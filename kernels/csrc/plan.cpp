@@ -14,7 +14,7 @@ namespace {
 
 constexpr int32_t TILE_ROWS = 64;  // query rows (tokens x query heads per KV head) per task
 constexpr int32_t MIN_SPLIT_KEYS = 256;  // never split a key range into shorter pieces
-constexpr int32_t ITEMS_PER_THREAD = 2;  // (task, KV head) work items wanted per thread
+constexpr int32_t ITEMS_PER_THREAD = 2;  // tasks wanted per thread
 
 struct Draft {
   int32_t key_req, key_begin, key_end;
@@ -116,9 +116,9 @@ std::vector<Draft> draft_tasks(const PlanInput& in, std::vector<int32_t>& shared
   return drafts;
 }
 
-// Splits long key ranges while there are fewer work items than the threads want.
+// Splits long key ranges while there are fewer tasks than the threads want.
 std::vector<Draft> split_keys(std::vector<Draft> drafts, const PlanInput& in) {
-  const int64_t items = int64_t(drafts.size()) * in.kv_heads;
+  const int64_t items = int64_t(drafts.size());
   const int64_t wanted = int64_t(in.threads) * ITEMS_PER_THREAD;
   if (items >= wanted) return drafts;
   const int64_t factor = (wanted + items - 1) / items;
