@@ -139,13 +139,16 @@ def test_a_claimed_prefix_is_checked_against_the_page_tables() -> None:
     torch.testing.assert_close(run_native(c), expected, rtol=2e-5, atol=2e-5)
 
 
-def test_long_context_is_split_across_threads() -> None:
+@pytest.mark.parametrize("heads", [(8, 1), (9, 3)], ids=["1-kv-head", "3-kv-heads"])
+def test_long_context_is_split_across_threads(heads: tuple[int, int]) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(4)
     try:
-        c = Case([(1500, 1)], 1, 8, 1, head_dim=HEAD_DIM, dtype=torch.float32)
-        plan = native_plan(c.metadata(gather_rows=False), 8, 1, HEAD_DIM, c.k_cache.shape[0])
-        assert len(plan.tasks) > 1 and len(plan.merges) == 1
+        c = Case([(1500, 1)], 1, *heads, head_dim=HEAD_DIM, dtype=torch.float32)
+        plan = native_plan(c.metadata(gather_rows=False), *heads, HEAD_DIM, c.k_cache.shape[0])
+        # a task runs all its KV heads on one thread, so however many there are, 4 threads want
+        # 8 tasks: 1,501 keys make 5 of at least 256 keys
+        assert len(plan.tasks) == 5 and len(plan.merges) == 1
         torch.testing.assert_close(run_native(c), c.expected(), rtol=2e-5, atol=2e-5)
     finally:
         torch.set_num_threads(threads)
