@@ -2,7 +2,7 @@
 (``kernels/csrc/matvec.cpp``) on a copy of the weight in its blocked layout, which reads the
 weight at nearly the memory's bandwidth for a decode step's few rows and, on the AVX-512 EPYC,
 beat oneDNN's packed product up to 2,048 rows in fp32 and 256 in bf16 (bf16 dot products), and
-on the AMX Xeon in bf16 up to 128 (AMX tiles from 8 rows);
+on the AMX Xeon in bf16 up to 128 (AMX tiles from 4 rows);
 oneDNN's prepacked copy, where the native kernels are not loaded; and, for bfloat16 on a CPU without
 bfloat16 arithmetic, the product of the operands widened to float32, which MKL's sgemm
 computes 2-7x faster than its emulated bfloat16 kernels.
@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 # With bf16 dot products (AVX-512 BF16) the native product takes a bf16 weight two input features
 # at a time: on the AVX-512 EPYC a step's bf16 linear work ran 2.3-3.0x faster than oneDNN's packed
 # product at 1 row, 1.4-1.6x at 3-8, 1.3x at 16-64 and 1.13x at 256 (benchmarks/bench_few_rows.py
-# --dtype bfloat16). With AMX it takes 8 rows or more on tiles: on the AMX Xeon a step's bf16
-# linear work ran 2.1x oneDNN's packed (AMX) product at 1 row, 1.4-1.6x at 4-32, 1.25x at 64 and
+# --dtype bfloat16). With AMX it takes 4 rows or more on tiles: on the AMX Xeon a step's bf16
+# linear work ran 2.2x oneDNN's packed (AMX) product at 1 row, 1.5-1.6x at 4-32, 1.15x at 64 and
 # level at 128.
 
 # The packed weight serves inputs of PACKED_MIN_ROWS to PACKED_MAX_ROWS rows (that the native

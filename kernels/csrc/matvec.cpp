@@ -89,67 +89,95 @@ void matvec_as(const rc_matvec_args& a) {
 
 #if defined(RC_ISA_AMX)
 // bf16 rows on AMX tiles, on the same blocked weight: 32 input features of a block, [16 pairs][16
-// outputs][2] as they lie, are the B operand of a tile product. Rows go 32 at a time (two 16-row
-// tiles, zero-padded), blocks two at a time: tmm0-3 the sums (block j, rows g in tmm 2 j + g),
-// tmm4 / tmm5 the rows, tmm6 / tmm7 the two blocks' weights.
-constexpr int64_t AMX_ROWS = 32;
-// Below this many rows the bf16 dot products read the weight faster: on the AMX Xeon (SmolLM2's
-// linear work, 2 threads) tiles took 13.5 ms at 1 row against 10.7, level at 8 rows, 13.9 against
-// 24.4 at 16 and 14.5 against 43.7 at 32 (benchmarks/bench_few_rows.py).
-constexpr int64_t AMX_MIN_ROWS = 8;
+// outputs][2] as they lie, are the B operand of a tile product. A pass takes 16 rows (one tile,
+// zero-padded) against three blocks, or 32 rows (two tiles) against two: sums in tmm0-2 (block j)
+// or tmm0-3 (block j, rows g: 2 j + g), the rows in tmm3 (tmm4, tmm5), the blocks' weights after.
+// On the AMX Xeon (SmolLM2's linear work, 2 threads, benchmarks/bench_few_rows.py) one row tile
+// and three weight streams took 11.8-12.0 ms at 8-16 rows, two row tiles and two streams 14.2-14.6
+// (and at 32 rows 14.4 ms, where two passes of 16 rows took 15.3).
+// From this many rows on tiles are as fast as the bf16 dot products or faster: 11.6 ms against
+// 11.6-11.8 at 4 rows, 11.8 against 14.0 at 8, 14.4 against 43.7 at 32; at 1 row 11.6 against
+// 10.7-11.7.
+constexpr int64_t AMX_MIN_ROWS = 4;
 
+// out rows [row0, row0 + 16) of block `block` from a tile's sums
+void emit_tile(const rc_matvec_args& a, const float* sums, int64_t row0, int64_t block) {
+  for (int64_t r = 0; r < 16 && row0 + r < a.m; ++r)
+    store(a.out, (row0 + r) * a.n + block * W, Vec::load(sums + r * W), RC_BFLOAT16);
+}
+
+// ROWS rows from x (padded) against the blocks from `block` on: three blocks for 16 rows, two for 32
+template <int ROWS>
+void tile_pass(const rc_matvec_args& a, const uint16_t* x, int64_t row0, int64_t block, float* sums) {
+  const int64_t k = a.k;
+  const uint16_t* w = static_cast<const uint16_t*>(a.weight) + block * W * k;
+  if constexpr (ROWS == 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    for (int64_t c = 0; c < k; c += 32) {
+      _tile_loadd(3, x + c, k * 2);
+      _tile_loadd(4, w + c * W, 64);
+      _tile_loadd(5, w + W * k + c * W, 64);
+      _tile_loadd(6, w + 2 * W * k + c * W, 64);
+      _tile_dpbf16ps(0, 3, 4);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_dpbf16ps(2, 3, 6);
+    }
+    _tile_stored(0, sums, 64);
+    emit_tile(a, sums, row0, block);
+    _tile_stored(1, sums, 64);
+    emit_tile(a, sums, row0, block + 1);
+    _tile_stored(2, sums, 64);
+    emit_tile(a, sums, row0, block + 2);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < k; c += 32) {
+      _tile_loadd(4, x + c, k * 2);
+      _tile_loadd(5, x + 16 * k + c, k * 2);
+      _tile_loadd(6, w + c * W, 64);
+      _tile_loadd(7, w + W * k + c * W, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, sums, 64);
+    emit_tile(a, sums, row0, block);
+    _tile_stored(1, sums, 64);
+    emit_tile(a, sums, row0 + 16, block);
+    _tile_stored(2, sums, 64);
+    emit_tile(a, sums, row0, block + 1);
+    _tile_stored(3, sums, 64);
+    emit_tile(a, sums, row0 + 16, block + 1);
+  }
+}
+
+template <int ROWS>
 void matvec_amx(const rc_matvec_args& a) {
-  const int64_t k = a.k, n = a.n, groups = (a.m + AMX_ROWS - 1) / AMX_ROWS, pairs = a.n / W / 2;
+  constexpr int64_t BLOCKS = ROWS == 16 ? 3 : 2;
+  const int64_t k = a.k, groups = (a.m + ROWS - 1) / ROWS, passes = a.n / W / BLOCKS;
   // the rows, padded with zeros to whole tiles, once for every thread
   thread_local std::vector<uint16_t> buffer;
-  buffer.assign(size_t(groups * AMX_ROWS * k), 0);
+  buffer.assign(size_t(groups * ROWS * k), 0);
   std::copy_n(static_cast<const uint16_t*>(a.x), a.m * k, buffer.data());
   const uint16_t* padded = buffer.data();  // the calling thread's buffer, read by every thread
-  const uint16_t* weight = static_cast<const uint16_t*>(a.weight);
 #pragma omp parallel if (a.m * a.n * a.k >= PARALLEL_MIN)
   {
     amx::configure();
     alignas(64) float sums[16 * W];
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < pairs * groups; ++p) {
-      const int64_t block = p / groups * 2, group = p % groups;
-      const uint16_t* w0 = weight + block * W * k;
-      const uint16_t* w1 = w0 + W * k;
-      const uint16_t* x0 = padded + group * AMX_ROWS * k;
-      const uint16_t* x1 = x0 + 16 * k;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t c = 0; c < k; c += 32) {
-        _tile_loadd(4, x0 + c, k * 2);
-        _tile_loadd(5, x1 + c, k * 2);
-        _tile_loadd(6, w0 + c * W, 64);
-        _tile_loadd(7, w1 + c * W, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 5, 6);
-        _tile_dpbf16ps(2, 4, 7);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      auto emit = [&](int64_t j, int64_t g) {
-        for (int64_t r = 0; r < 16; ++r) {
-          const int64_t row = group * AMX_ROWS + g * 16 + r;
-          if (row < a.m) store(a.out, row * n + (block + j) * W, Vec::load(sums + r * W), RC_BFLOAT16);
-        }
-      };
-      _tile_stored(0, sums, 64);
-      emit(0, 0);
-      _tile_stored(1, sums, 64);
-      emit(0, 1);
-      _tile_stored(2, sums, 64);
-      emit(1, 0);
-      _tile_stored(3, sums, 64);
-      emit(1, 1);
+    for (int64_t p = 0; p < passes * groups; ++p) {
+      const int64_t group = p % groups;
+      tile_pass<ROWS>(a, padded + group * ROWS * k, group * ROWS, p / groups * BLOCKS, sums);
     }
     _tile_release();
   }
-  // an odd last block
-  for (int64_t block = pairs * 2; block < a.n / W; ++block) all_rows<uint16_t, 1>(a, block);
+  // the blocks left over from the passes
+  for (int64_t block = passes * BLOCKS; block < a.n / W; ++block) all_rows<uint16_t, 1>(a, block);
 }
 #endif
 
@@ -157,7 +185,8 @@ void matvec_amx(const rc_matvec_args& a) {
 
 void matvec(const rc_matvec_args* args) {
 #if defined(RC_ISA_AMX)
-  if (args->dtype == RC_BFLOAT16 && args->k % 32 == 0 && args->m >= AMX_MIN_ROWS) return matvec_amx(*args);
+  if (args->dtype == RC_BFLOAT16 && args->k % 32 == 0 && args->m >= AMX_MIN_ROWS)
+    return args->m <= 16 ? matvec_amx<16>(*args) : matvec_amx<32>(*args);
 #endif
   if (args->dtype == RC_BFLOAT16)
     matvec_as<uint16_t>(*args);
