@@ -58,6 +58,8 @@ RC_INLINE void transpose16(__m512i* rows) {
   }
 }
 
+// Lays the block's keys out as Staged (once for every row block of the task) and fetches the
+// next block's rows meanwhile.
 inline void stage(const KeyBlock<uint16_t>& keys, const Staged& out) {
   const int d = keys.head_dim;
   for (int j = 0; j < keys.next_n; ++j) {
