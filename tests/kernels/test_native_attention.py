@@ -147,7 +147,7 @@ def test_long_context_is_split_across_threads(heads: tuple[int, int]) -> None:
         c = Case([(1500, 1)], 1, *heads, head_dim=HEAD_DIM, dtype=torch.float32)
         plan = native_plan(c.metadata(gather_rows=False), *heads, HEAD_DIM, c.k_cache.shape[0])
         # a task runs all its KV heads on one thread, so however many there are, 4 threads want
-        # 8 tasks: 1,501 keys make 5 of at least 256 keys
+        # 16 tasks: 1,501 keys make 5 of at least 256 keys
         assert len(plan.tasks) == 5 and len(plan.merges) == 1
         torch.testing.assert_close(run_native(c), c.expected(), rtol=2e-5, atol=2e-5)
     finally:
