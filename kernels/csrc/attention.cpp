@@ -226,16 +226,10 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
   std::fill(acc, acc + size_t(padded) * d, 0.0f);
   // AMX tiles (where this library has them) for bf16 dot products of at least AMX_MIN_ROWS rows
   const bool tiles = AMX && dot && rows >= AMX_MIN_ROWS;
-#if defined(RC_ISA_AMX)
-  if (tiles) amx::configure();
-#endif
   if (dot || (bf16 && !Vec::BF16_DOT && rows <= W))
     attend_keys<uint16_t>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows, tiles);
   else
     attend_keys<float>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows, tiles);
-#if defined(RC_ISA_AMX)
-  if (tiles) _tile_release();
-#endif
   finish_task(a, task, kv_head, acc, max, sum);
 }
 
@@ -275,6 +269,9 @@ void paged_attention(const rc_attention_args* args) {
   const int64_t merges = int64_t(a.num_merges) * a.num_kv_heads;
 #pragma omp parallel
   {
+#if defined(RC_ISA_AMX)
+    amx::configure();  // once per thread and call, for the tasks that run on tiles
+#endif
     // a task's KV heads one after another on one thread: a cache row holds every KV head's K (V),
     // so the rows the first head pulls in serve the others from the thread's own cache (a decode
     // from memory ran 8-15 % faster than with the heads spread over the threads)
@@ -283,6 +280,9 @@ void paged_attention(const rc_attention_args* args) {
       for (int h = 0; h < a.num_kv_heads; ++h) run_task(a, a.tasks[t], h);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < merges; ++i) merge_token(a, a.merges[i / a.num_kv_heads], int(i % a.num_kv_heads));
+#if defined(RC_ISA_AMX)
+    _tile_release();
+#endif
   }
 }
 

@@ -162,8 +162,9 @@ void matvec_amx(const rc_matvec_args& a) {
   const int64_t k = a.k, groups = (a.m + ROWS - 1) / ROWS, passes = a.n / W / BLOCKS;
   // the rows, padded with zeros to whole tiles, once for every thread
   thread_local std::vector<uint16_t> buffer;
-  buffer.assign(size_t(groups * ROWS * k), 0);
+  buffer.resize(size_t(groups * ROWS * k));
   std::copy_n(static_cast<const uint16_t*>(a.x), a.m * k, buffer.data());
+  std::fill(buffer.begin() + a.m * k, buffer.end(), 0);
   const uint16_t* padded = buffer.data();  // the calling thread's buffer, read by every thread
 #pragma omp parallel if (a.m * a.n * a.k >= PARALLEL_MIN)
   {
