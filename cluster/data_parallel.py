@@ -127,7 +127,6 @@ class DataParallelLauncher:
         from radixcluster.gateway.server import run_gateway
         from radixcluster.replica_actor import ReplicaProcess
 
-        self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         ray_cluster.check_stop(self.stopping)
         use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         ips = replica_nodes(ray.nodes(), args.dp_size, args.tp_size, use_gpu, ray.util.get_node_ip_address())

@@ -138,7 +138,6 @@ class Launcher:
         )
         ray_cluster.check_stop(self.stopping)
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
-        self._handle_signals()  # ray.init installs its own SIGTERM handler, which aborts
         ray_cluster.check_stop(self.stopping)
         self.workers = workers = ray_cluster.start_workers(
             self._worker_configs(plan, generation=0), use_gpu=plan.device == "cuda"

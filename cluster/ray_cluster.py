@@ -3,10 +3,12 @@ watch and replace the rank actors. Per-step traffic never goes through Ray."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,12 +89,12 @@ def private_ray_env() -> None:
 
 def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | None = None) -> None:
     """Join ``address`` (as the node ``node_ip`` of this host; Ray's choice when None) or start
-    a private local instance (whose node is ``node_ip`` when given); ``stop_workers`` leaves it."""
+    a private local instance (whose node is ``node_ip`` when given); ``stop_workers`` leaves it.
+    The caller's SIGTERM handler stays in place throughout (see ``_signal_handlers_kept``)."""
     quiet_ray_env()
     if not address:
         private_ray_env()
-    import ray
-
+    ray = _import_ray_without_failure_handler()
     if not address and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
         raise RuntimeError("ray was imported before start_ray: the private instance would listen beyond loopback")
     if address:
@@ -104,24 +106,51 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | 
         # or ~/.ray/auth_token) and RAY_AUTH_MODE does not say otherwise: the rule Ray applies
         # to a cluster it finds by itself, and not to an explicit address
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        own: dict[str, Any] = {"address": address}
+    else:
+        # A private temp dir keeps sessions and sockets of two servers on one host apart.
+        own = {"num_cpus": num_cpus, "num_gpus": _num_gpus(), "_temp_dir": temp_dir}
+    with _signal_handlers_kept(ray):
         ray.init(
-            address=address,
             _node_ip_address=node_ip,
             include_dashboard=False,
             log_to_driver=False,
             logging_level=logging.ERROR,
+            **own,
         )
-        return
-    # A private temp dir keeps sessions and sockets of two servers on one host apart.
-    ray.init(
-        _node_ip_address=node_ip,
-        num_cpus=num_cpus,
-        num_gpus=_num_gpus(),
-        _temp_dir=temp_dir,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.ERROR,
-    )
+
+
+def _import_ray_without_failure_handler() -> Any:
+    """``import ray`` with its failure signal handler off in this process: its core worker would
+    otherwise take SIGTERM over at the C level during ray.init, and a stop that came then aborted
+    the command. Read once, at import; unset again before ray.init starts Ray's own processes,
+    which keep theirs."""
+    name = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        import ray
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+    return ray
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept(ray: Any) -> Iterator[None]:
+    """ray.init installs, for the rest of its start-up, a SIGTERM handler that raises SystemExit
+    wherever the main thread is: in a fork hook, where Python prints and drops it, the stop was
+    lost and the command served on. The caller's handler (which sets a flag the start-up checks)
+    stays in place instead."""
+    utils = ray._private.utils
+    install = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = install
 
 
 def _num_gpus() -> int:

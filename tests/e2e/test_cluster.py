@@ -142,6 +142,7 @@ def test_sigterm_during_load_leaves_no_process_behind():
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         pytest.fail("radixcluster up did not exit within 90 s of SIGTERM")
+    assert process.returncode == 0, process.communicate()[1].decode()[-2000:]
     time.sleep(2)
     left = {pid for pid in seen if is_running(pid)}
     assert left == set(), f"left behind: {left}"
