@@ -15,7 +15,8 @@ import msgpack
 import numpy as np
 
 # 2: block names (TreeEvent.blocks, GET /cache_blocks) from block_hash's tabled terms
-PROTOCOL_VERSION = 2
+# 3: SamplingBatch.prompt_penalty_ids/lens (the repetition penalty counts the prompt too)
+PROTOCOL_VERSION = 3
 # what the integers of a request may hold: the router packs them into int32 arrays (token ids,
 # counts, top_k) and int64 (seed)
 INT32_MAX = 2**31 - 1
@@ -219,8 +220,10 @@ class SamplingBatch:
 
     Penalties count each request's output tokens so far: ``penalty_ids`` holds them
     request after request, ``penalty_lens`` says how many belong to each (0 when the
-    request has no penalty). Logit biases are laid out the same way: ``bias_ids`` and
-    ``bias_values`` request after request, ``bias_lens`` entries each.
+    request has no penalty). The repetition penalty also covers the prompt's tokens, as in
+    transformers, vLLM and SGLang: ``prompt_penalty_ids`` holds each such request's distinct
+    prompt tokens, laid out the same way (0 when its repetition penalty is 1). Logit biases
+    too: ``bias_ids`` and ``bias_values`` request after request, ``bias_lens`` entries each.
     """
 
     temperature: np.ndarray  # float32 [B]; 0 means greedy
@@ -233,6 +236,8 @@ class SamplingBatch:
     seed: np.ndarray  # int64 [B]; -1 means unseeded
     penalty_ids: np.ndarray  # int32 [sum(penalty_lens)]
     penalty_lens: np.ndarray  # int32 [B]
+    prompt_penalty_ids: np.ndarray  # int32 [sum(prompt_penalty_lens)]
+    prompt_penalty_lens: np.ndarray  # int32 [B]
     top_logprobs_num: np.ndarray  # int32 [B]
     bias_ids: np.ndarray  # int32 [sum(bias_lens)]
     bias_values: np.ndarray  # float32 [sum(bias_lens)]

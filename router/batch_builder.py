@@ -116,6 +116,8 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
         seed=ints[:, 1].copy(),
         penalty_ids=np.array(penalty_ids, dtype=np.int32),
         penalty_lens=np.array([len(ids) for ids in penalized], dtype=np.int32),
+        prompt_penalty_ids=np.concatenate([r.prompt_vocab for r in reqs]),
+        prompt_penalty_lens=np.array([r.prompt_vocab.size for r in reqs], dtype=np.int32),
         top_logprobs_num=ints[:, 2].astype(np.int32),
         bias_ids=np.concatenate([r.bias_ids for r in biased]) if biased else np.zeros(0, np.int32),
         bias_values=np.concatenate([r.bias_values for r in biased]) if biased else np.zeros(0, np.float32),

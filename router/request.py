@@ -71,6 +71,8 @@ class Request:
     float_row: tuple[float, ...] = field(default=(), init=False)
     int_row: tuple[int, ...] = field(default=(), init=False)
     has_penalty: bool = field(default=False, init=False)
+    # the distinct prompt tokens the repetition penalty covers (none when it is 1)
+    prompt_vocab: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
     bias_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
     bias_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), init=False)
 
@@ -95,6 +97,8 @@ class Request:
         )
         self.int_row = (s.top_k, -1 if s.seed is None else s.seed, self.top_logprobs_num)
         self.has_penalty = s.frequency_penalty != 0.0 or s.presence_penalty != 0.0 or s.repetition_penalty != 1.0
+        if s.repetition_penalty != 1.0:
+            self.prompt_vocab = np.unique(self.prompt_ids)
         if s.logit_bias:
             self.bias_ids = np.fromiter(s.logit_bias.keys(), np.int32, len(s.logit_bias))
             self.bias_values = np.fromiter(s.logit_bias.values(), np.float32, len(s.logit_bias))

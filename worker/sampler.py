@@ -84,38 +84,51 @@ def apply_logit_bias(logits: torch.Tensor, params: SamplingBatch) -> torch.Tenso
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:
-    """Penalize tokens each request already produced (``penalty_ids`` segments).
+    """Penalize tokens each request already produced (``penalty_ids`` segments), and for the
+    repetition penalty the tokens of its prompt too (``prompt_penalty_ids``), as transformers,
+    vLLM and SGLang do.
 
     Repetition (HF/CTRL): a seen token's logit is divided by p if positive, multiplied by p
-    otherwise. Then frequency subtracts p * count and presence subtracts p once. Returns
-    ``logits`` itself when no row has an active penalty, a new tensor otherwise.
+    otherwise. Then frequency subtracts p * count and presence subtracts p once, counting output
+    tokens only (OpenAI's definition). Returns ``logits`` itself when no row has an active
+    penalty, a new tensor otherwise.
     """
     lens = np.asarray(params.penalty_lens, dtype=np.int64)
-    active = (lens > 0) & (
-        (params.repetition_penalty != 1) | (params.frequency_penalty != 0) | (params.presence_penalty != 0)
+    prompt_lens = np.asarray(params.prompt_penalty_lens, dtype=np.int64)
+    repetition = params.repetition_penalty != 1
+    active = ((lens > 0) & (repetition | (params.frequency_penalty != 0) | (params.presence_penalty != 0))) | (
+        (prompt_lens > 0) & repetition
     )
     if not active.any():
         return logits
     device = logits.device
-    owner = np.repeat(np.arange(lens.size), lens)
-    keep = active[owner]
     rows_np = np.flatnonzero(active)
-    # compact row index of each kept id: its owner's rank among the active rows
-    compact = np.cumsum(active) - 1
-    counts = torch.zeros(rows_np.size, logits.shape[-1], device=device, dtype=logits.dtype)
-    counts.index_put_(
-        (_tensor(compact[owner[keep]], torch.int64, device), _tensor(params.penalty_ids[keep], torch.int64, device)),
-        torch.ones(int(keep.sum()), device=device, dtype=logits.dtype),
-        accumulate=True,
-    )
+    counts = _counts(params.penalty_ids, lens, active, logits)
+    seen = counts > 0
+    repeated = seen | (_counts(params.prompt_penalty_ids, prompt_lens, active, logits) > 0)
     rows = _tensor(rows_np, torch.int64, device)
     sub = logits.index_select(0, rows)
-    seen = counts > 0
     rep = _tensor(params.repetition_penalty[rows_np], logits.dtype, device).unsqueeze(1)
-    sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    sub = torch.where(repeated, torch.where(sub > 0, sub / rep, sub * rep), sub)
     sub = sub - _tensor(params.frequency_penalty[rows_np], logits.dtype, device).unsqueeze(1) * counts
     sub = sub - _tensor(params.presence_penalty[rows_np], logits.dtype, device).unsqueeze(1) * seen
     return logits.index_copy(0, rows, sub)
+
+
+def _counts(ids: np.ndarray, lens: np.ndarray, active: np.ndarray, logits: torch.Tensor) -> torch.Tensor:
+    """[active rows, vocab]: how often each token occurs in each active row's segment of ``ids``
+    (segments of ``lens`` tokens, request after request)."""
+    owner = np.repeat(np.arange(lens.size), lens)
+    keep = active[owner]
+    # compact row index of each kept id: its owner's rank among the active rows
+    compact = np.cumsum(active) - 1
+    counts = torch.zeros(int(active.sum()), logits.shape[-1], device=logits.device, dtype=logits.dtype)
+    counts.index_put_(
+        (_tensor(compact[owner[keep]], torch.int64, logits.device), _tensor(ids[keep], torch.int64, logits.device)),
+        torch.ones(int(keep.sum()), device=logits.device, dtype=logits.dtype),
+        accumulate=True,
+    )
+    return counts
 
 
 def filtered_probs(

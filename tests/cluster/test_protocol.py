@@ -23,6 +23,8 @@ def sampling_batch() -> p.SamplingBatch:
         seed=np.array([-1, 2**40], np.int64),
         penalty_ids=np.array([3, 4, 5], np.int32),
         penalty_lens=np.array([0, 3], np.int32),
+        prompt_penalty_ids=np.array([1, 9], np.int32),
+        prompt_penalty_lens=np.array([2, 0], np.int32),
         top_logprobs_num=np.array([0, 5], np.int32),
         bias_ids=np.array([7], np.int32),
         bias_values=np.array([-2.5], np.float32),

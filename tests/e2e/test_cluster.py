@@ -27,24 +27,28 @@ PROMPTS = SERVER_PROMPTS
 NEW_TOKENS = SERVER_NEW_TOKENS
 
 
-@pytest.fixture(scope="module")
-def reference(hf_tokenizer, hf_model) -> list[list[int]]:
+def hf_greedy_ids(hf_tokenizer, hf_model, **generate: float) -> list[list[int]]:
     """transformers' greedy continuations of PROMPTS, tokenized by transformers."""
     outputs = []
     for prompt in PROMPTS:
         ids = hf_tokenizer(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
-            out = hf_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+            out = hf_model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, **generate)
         outputs.append(out[0, ids.shape[1] :].tolist())
     return outputs
 
 
-def greedy_ids(server, hf_tokenizer) -> list[list[int]]:
+@pytest.fixture(scope="module")
+def reference(hf_tokenizer, hf_model) -> list[list[int]]:
+    return hf_greedy_ids(hf_tokenizer, hf_model)
+
+
+def greedy_ids(server, hf_tokenizer, **sampling: float) -> list[list[int]]:
     """Our greedy continuations of PROMPTS (sent as transformers' token ids: the reference
     compares the model, not two tokenizers)."""
     batch = {
         "input_ids": [hf_tokenizer(p).input_ids for p in PROMPTS],
-        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True, **sampling},
     }
     resp = post(server, "/generate", batch)
     assert resp.status_code == 200, resp.text
@@ -55,6 +59,13 @@ def test_greedy_outputs_equal_transformers(server, hf_tokenizer, reference):
     assert greedy_ids(server, hf_tokenizer) == reference
     # and again, now that every prompt is cached
     assert greedy_ids(server, hf_tokenizer) == reference
+
+
+def test_repetition_penalty_outputs_equal_transformers(server, hf_tokenizer, hf_model):
+    # the penalty covers the prompt's tokens from the first output token on, as transformers' does
+    penalized = hf_greedy_ids(hf_tokenizer, hf_model, repetition_penalty=1.3)
+    assert penalized != hf_greedy_ids(hf_tokenizer, hf_model)
+    assert greedy_ids(server, hf_tokenizer, repetition_penalty=1.3) == penalized
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,8 @@ def greedy_sampling(batch_size: int) -> SamplingBatch:
         seed=np.full(batch_size, -1, dtype=np.int64),
         penalty_ids=np.zeros(0, dtype=np.int32),
         penalty_lens=np.zeros(batch_size, dtype=np.int32),
+        prompt_penalty_ids=np.zeros(0, dtype=np.int32),
+        prompt_penalty_lens=np.zeros(batch_size, dtype=np.int32),
         top_logprobs_num=np.zeros(batch_size, dtype=np.int32),
         bias_ids=np.zeros(0, dtype=np.int32),
         bias_values=np.zeros(0, dtype=np.float32),

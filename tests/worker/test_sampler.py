@@ -22,6 +22,7 @@ def batch(
     penalties: list[list[int]] | None = None,
     return_logprob: bool = False,
     biases: list[dict[int, float]] | None = None,
+    prompt_penalties: list[list[int]] | None = None,
     **fields,
 ) -> SamplingBatch:
     """A SamplingBatch of ``size`` rows with neutral defaults; a field given as a scalar is
@@ -42,11 +43,14 @@ def batch(
         for name, (default, dtype) in defaults.items()
     }
     penalties = penalties or [[] for _ in range(size)]
+    prompt_penalties = prompt_penalties or [[] for _ in range(size)]
     biases = biases or [{} for _ in range(size)]
     return SamplingBatch(
         **arrays,
         penalty_ids=np.array([t for ids in penalties for t in ids], dtype=np.int32),
         penalty_lens=np.array([len(ids) for ids in penalties], dtype=np.int32),
+        prompt_penalty_ids=np.array([t for ids in prompt_penalties for t in ids], dtype=np.int32),
+        prompt_penalty_lens=np.array([len(ids) for ids in prompt_penalties], dtype=np.int32),
         bias_ids=np.array([t for b in biases for t in b], dtype=np.int32),
         bias_values=np.array([v for b in biases for v in b.values()], dtype=np.float32),
         bias_lens=np.array([len(b) for b in biases], dtype=np.int32),
@@ -171,6 +175,27 @@ def test_penalties_match_hand_computed_logits():
     greedy = sample(logits, batch(5, temperature=0.0, **penalties), positions(*range(5)), None)
     assert greedy.next_token_ids.tolist() == [1, 1, 1, 3, 3]
     assert logits[0, 0] == 2.0, "the caller's logits are never modified"
+
+
+def test_the_repetition_penalty_covers_the_prompt_and_the_others_do_not():
+    logits = torch.tensor([[2.0, 1.8, -1.0, 0.5], [2.0, 1.8, -1.0, 0.5], [2.0, 1.8, -1.0, 0.5]])
+    params = batch(
+        3,
+        temperature=0.0,
+        prompt_penalties=[[0, 2], [0], [0]],  # distinct prompt tokens
+        penalties=[[], [2, 2], [3]],  # output tokens
+        repetition_penalty=[1.5, 2.0, 1.0],
+        frequency_penalty=[0.0, 0.0, 0.5],
+    )
+    expected = torch.tensor(
+        [
+            [2.0 / 1.5, 1.8, -1.5, 0.5],  # before any output: the prompt's tokens
+            [1.0, 1.8, -2.0, 0.5],  # prompt and output, each token once
+            [2.0, 1.8, -1.0, 0.0],  # frequency: the output's token 3 only, not the prompt's 0
+        ]
+    )
+    assert torch.allclose(apply_penalties(logits, params), expected)
+    assert sample(logits, params, positions(0, 0, 0), None).next_token_ids.tolist() == [1, 1, 0]
 
 
 def test_penalties_that_do_not_flip_the_argmax():
