@@ -102,24 +102,31 @@ struct Vec : NoBf16Dot {
   }
   static float hsum(F a) { return _mm512_reduce_add_ps(a); }
   static float hmax(F a) { return _mm512_reduce_max_ps(a); }
-  // lane r = hsum(acc[r]) for r < N, 0 beyond. Each stage halves the vectors, pairing
-  // (a, b) so a's partial sums fill one half and b's the other; the last stage leaves
-  // vector k + 4 m in lane 4 k + m, which one permutation puts back in order.
+  // lane r = hsum(acc[r]) for r < N, 0 beyond
   template <int N>
   RC_INLINE static F hsum_rows(const F* acc) {
+    return reduce_rows<N>(acc, [](F a, F b) { return _mm512_add_ps(a, b); });
+  }
+  // lane r = hmax(acc[r]), for all 16 rows
+  RC_INLINE static F hmax_rows(const F* acc) {
+    return reduce_rows<16>(acc, [](F a, F b) { return _mm512_max_ps(a, b); });
+  }
+  // lane r = op over acc[r]'s lanes for r < N (0 beyond: a sum's padding). Each stage halves the
+  // vectors, pairing (a, b) so a's partial results fill one half and b's the other; the last
+  // stage leaves vector k + 4 m in lane 4 k + m, which one permutation puts back in order.
+  template <int N, class Op>
+  RC_INLINE static F reduce_rows(const F* acc, Op op) {
     F v[16];
     for (int i = 0; i < 16; ++i) v[i] = i < N ? acc[i] : zero();
     F h[8], q[4], w[2];
     for (int i = 0; i < 8; ++i)
-      h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                           _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+      h[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     for (int i = 0; i < 4; ++i)
-      q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                           _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int i = 0; i < 2; ++i)
-      w[i] = _mm512_add_ps(_mm512_unpacklo_ps(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_ps(q[2 * i], q[2 * i + 1]));
-    F z = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                        _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+      q[i] = op(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; ++i) w[i] = op(_mm512_unpacklo_ps(q[2 * i], q[2 * i + 1]), _mm512_unpackhi_ps(q[2 * i], q[2 * i + 1]));
+    F z = op(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(order, z);
   }
