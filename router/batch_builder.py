@@ -105,6 +105,7 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
     penalized = [r.output_ids if r.has_penalty else () for r in reqs]
     penalty_ids = [t for ids in penalized for t in ids]
     biased = [r for r in reqs if r.bias_ids.size]
+    repeated = [r for r in reqs if r.prompt_vocab.size]
     return SamplingBatch(
         temperature=floats[:, 0].copy(),
         top_p=floats[:, 1].copy(),
@@ -116,7 +117,7 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
         seed=ints[:, 1].copy(),
         penalty_ids=np.array(penalty_ids, dtype=np.int32),
         penalty_lens=np.array([len(ids) for ids in penalized], dtype=np.int32),
-        prompt_penalty_ids=np.concatenate([r.prompt_vocab for r in reqs]),
+        prompt_penalty_ids=np.concatenate([r.prompt_vocab for r in repeated]) if repeated else np.zeros(0, np.int32),
         prompt_penalty_lens=np.array([r.prompt_vocab.size for r in reqs], dtype=np.int32),
         top_logprobs_num=ints[:, 2].astype(np.int32),
         bias_ids=np.concatenate([r.bias_ids for r in biased]) if biased else np.zeros(0, np.int32),
