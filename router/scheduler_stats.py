@@ -81,9 +81,15 @@ def check_pool_integrity(cache: CacheManager, admitted: list[Request], idle: boo
     private = np.asarray([p for r in admitted for p in cache.private_pages(r)], dtype=np.int32)
     check(not alloc.any_free(private), "a request holds a free page")
     owners = np.concatenate([tree_pages, private, alloc.free_pages()])
+    # counted, not sorted: on a 196k-page pool freed in no order the whole check took 90 ms
+    # with np.unique (twice), 1.2 ms with bincount; it runs when the router goes idle
+    inside = (owners >= 0) & (owners < alloc.num_pages)
+    counts = np.bincount(owners[inside], minlength=alloc.num_pages)
+    unowned, shared = int(np.count_nonzero(counts == 0)), int(np.count_nonzero(counts > 1))
     check(
-        owners.size == alloc.num_pages and np.unique(owners).size == alloc.num_pages,
-        f"{owners.size} page owners, {np.unique(owners).size} distinct, pool of {alloc.num_pages}",
+        bool(inside.all()) and unowned == 0 and shared == 0,
+        f"pool of {alloc.num_pages}: {owners.size - int(inside.sum())} owned pages outside it, "
+        f"{unowned} pages without an owner, {shared} with several",
     )
     for r in admitted:
         check(r.last_node is not None and r.slot >= 0, f"{r.rid}: admitted without a lock or a slot")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from radixcluster.block_hash import tenant_namespace, tenant_salt
 from radixcluster.protocol import SamplingParams, StepResult
+from radixcluster.router.cache.radix_tree import IntegrityError
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.tenant_quota import TenantQuota
@@ -616,3 +617,20 @@ def test_a_request_pins_its_prompt_once_computed_and_a_refused_pin_costs_it_noth
     s.add_request(req("flood", rand(200, 4)))  # needs every page but the pinned ones
     run(s, ex)
     assert s.tree.match_prefix(shared).length == 40
+
+
+def test_the_pool_check_names_a_lost_page_and_a_page_with_two_owners() -> None:
+    s, ex = make(num_pages=64)
+    first, second = req("a", rand(12, 1), max_new=6), req("b", rand(12, 2), max_new=6)
+    s.add_request(first)
+    s.add_request(second)
+    step(s, ex)
+    step(s, ex)  # a decode step: each holds a private page for its new token
+    leaked = s.cache.allocator.alloc(1)
+    with pytest.raises(IntegrityError, match="1 pages without an owner, 0 with several"):
+        s.check_integrity()
+    s.cache.allocator.free(leaked)
+    assert s.cache.private_pages(first) and s.cache.private_pages(second)
+    second.pages.append(first.pages[-1])
+    with pytest.raises(IntegrityError, match="0 pages without an owner, 1 with several"):
+        s.check_integrity()
