@@ -44,7 +44,7 @@ def build_forward(
             t_counts.append(n - r.synced_pages)
             t_pages.extend(r.pages[r.synced_pages :])
             r.synced_pages = n
-    groups = prefix_groups([r.last_node for r in reqs])
+    groups = prefix_groups([r.last_node for r in reqs], extend_lens)
     return ForwardBatch(
         step_id=step_id,
         input_ids=np.asarray(input_ids, dtype=np.int32),
