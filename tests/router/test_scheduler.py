@@ -634,3 +634,15 @@ def test_the_pool_check_names_a_lost_page_and_a_page_with_two_owners() -> None:
     second.pages.append(first.pages[-1])
     with pytest.raises(IntegrityError, match="0 pages without an owner, 1 with several"):
         s.check_integrity()
+
+
+def test_an_idle_turn_checks_the_pool_counts() -> None:
+    s, ex = make(num_pages=64)
+    s.add_request(req("a", rand(12, 1), max_new=4))
+    while not s.is_idle():
+        batch = s.schedule()
+        s.process_result(batch, ex(batch.forward))
+    s.cache.allocator.alloc(1)  # a lost page
+    with pytest.raises(IntegrityError, match="free \\+ cached != pool when idle"):
+        s.schedule()
+    assert s.schedule() is None  # once per idle spell
