@@ -14,6 +14,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+# the 8-bit KV cache formats (--kv-cache-dtype fp8_e4m3, fp8_e5m2): attention reads them as the
+# activations' dtype
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 
 @dataclass(slots=True)
 class ExtendSpan:
@@ -158,10 +162,17 @@ def _gather_rows(
 def store_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
-    """Write the new tokens' K and V (``[T, num_kv_heads, head_dim]``) into their cache rows."""
-    kv_heads, head_dim = k_cache.shape[-2:]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """Write the new tokens' K and V (``[T, num_kv_heads, head_dim]``) into their cache rows: in
+    the cache's dtype, an fp8 one saturating at its largest value (``--kv-cache-dtype``)."""
+    for cache, x in ((k_cache, k), (v_cache, v)):
+        kv_heads, head_dim = cache.shape[-2:]
+        if cache.dtype in FP8_DTYPES:
+            limit = torch.finfo(cache.dtype).max
+            # index_copy_ has no fp8 kernel on the CPU: copy the bytes
+            rows = x.float().clamp(-limit, limit).to(cache.dtype).view(torch.uint8)
+            cache.view(torch.uint8).view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, rows)
+        else:
+            cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, x.to(cache.dtype))
 
 
 def paged_attention(
@@ -195,8 +206,8 @@ def _extend_attention(
 ) -> torch.Tensor:
     # 4-D inputs keep SDPA on its fused CPU kernel; enable_gqa avoids repeating K/V
     q_r = q[span.q_start : span.q_start + span.q_len].transpose(0, 1)[None]
-    k = _gather_context(k_flat, span.context_slots[None])
-    v = _gather_context(v_flat, span.context_slots[None])
+    k = _gather_context(k_flat, span.context_slots[None], q.dtype)
+    v = _gather_context(v_flat, span.context_slots[None], q.dtype)
     if span.prefix_len == 0:
         o = F.scaled_dot_product_attention(q_r, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
@@ -221,15 +232,15 @@ def _decode_attention(
     batch = len(decode_rows)
     # the query heads sharing a KV head become that head's query rows: no K/V repeat
     q_d = q.index_select(0, decode_rows).view(batch, kv_heads, num_heads // kv_heads, head_dim)
-    k = _gather_context(k_flat, rows.decode_slots)
-    v = _gather_context(v_flat, rows.decode_slots)
+    k = _gather_context(k_flat, rows.decode_slots, q.dtype)
+    v = _gather_context(v_flat, rows.decode_slots, q.dtype)
     o = F.scaled_dot_product_attention(q_d, k, v, attn_mask=rows.decode_mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)
 
 
-def _gather_context(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Cache rows ``slots`` (``[B, L]``) as ``[B, num_kv_heads, L, head_dim]``."""
+def _gather_context(flat: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows ``slots`` (``[B, L]``) as ``[B, num_kv_heads, L, head_dim]`` in ``dtype``."""
     batch, context = slots.shape
     # index_select, not advanced indexing: the latter is far slower for row gathers on CPU
-    rows = flat.index_select(0, slots.flatten())
+    rows = flat.index_select(0, slots.flatten()).to(dtype)
     return rows.view(batch, context, *flat.shape[1:]).transpose(1, 2)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention_tile.h"
+#include "fp8.h"
 #include "kernels.h"
 #if defined(RC_ISA_AMX)
 #include "attention_amx.h"
@@ -22,7 +23,8 @@ struct Scratch {
   std::vector<uint16_t> q_bf16;  // [rows, head_dim], unscaled (bfloat16 dot products)
   std::vector<float> acc;  // [rows, head_dim]
   std::vector<float> state;  // max, sum, limit: [3, rows]
-  std::vector<float> staged;  // fp32 K then V rows of one key block (bf16 caches)
+  std::vector<float> staged;  // fp32 K then V rows of one key block (bf16 or fp8 caches)
+  std::vector<uint16_t> staged_bf16;  // bf16 K then V rows of one key block (fp8 caches)
   std::vector<float> scores;  // [KEY_BLOCK, W]
   std::vector<int64_t> offsets;  // element offsets of three key blocks (this one, the next two)
   std::vector<float> weights;  // one merged row's weight of each contribution
@@ -50,6 +52,13 @@ template <class T>
 T* grown(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
+}
+
+// where a key block's rows are staged in the element type T the tile reads
+template <class T>
+std::vector<T>& staged_rows(Scratch& s) {
+  if constexpr (std::is_same_v<T, float>) return s.staged;
+  else return s.staged_bf16;
 }
 
 int64_t cache_row(const rc_attention_args& a, int req, int pos) {
@@ -120,7 +129,8 @@ void finish_task(const rc_attention_args& a, const rc_task& task, int kv_head, c
 // Keys of the task in blocks, each block's rows located once (the next block's fetched
 // while this one computes), then every block of W query rows against them. T is what the
 // tile reads: the cache itself (float, or bf16 when a single row block would not repay a
-// conversion), or bf16 rows staged as fp32 once for many row blocks.
+// conversion), or a cache of another dtype (bf16 as fp32, fp8 as either) staged as T once
+// for every row block.
 template <class T>
 void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, const float* q, const uint16_t* q_bf16,
                  float* acc, float* max, float* sum, const float* limit, int rows, bool tiles) {
@@ -132,13 +142,13 @@ void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, c
 #endif
   float* scores = grown(s.scores, size_t(KEY_BLOCK) * W);
   int64_t* offsets = grown(s.offsets, size_t(3) * KEY_BLOCK);
-  const bool stage = std::is_same_v<T, float> && a.dtype == RC_BFLOAT16;
-  float* staged = stage ? grown(s.staged, size_t(2) * KEY_BLOCK * d) : nullptr;
+  const bool stage = a.cache_dtype != (std::is_same_v<T, float> ? RC_FLOAT32 : RC_BFLOAT16);
+  T* staged = stage ? grown(staged_rows<T>(s), size_t(2) * KEY_BLOCK * d) : nullptr;
   const T* k_rows[KEY_BLOCK];
   const T* v_rows[KEY_BLOCK];
   const char* next_k[KEY_BLOCK];
   const char* next_v[KEY_BLOCK];
-  const int64_t size = dtype_size(a.dtype);
+  const int64_t size = dtype_size(a.cache_dtype);
   const char* k_bytes = static_cast<const char*>(a.k_cache);
   const char* v_bytes = static_cast<const char*>(a.v_cache);
   // blocks are located two ahead: block i + 2's rows are fetched while block i computes
@@ -164,14 +174,14 @@ void attend_keys(const rc_attention_args& a, const rc_task& task, int kv_head, c
     }
     for (int j = 0; j < nk; ++j) {
       if (stage) {
-        float* k = staged + j * d;
-        float* v = staged + (KEY_BLOCK + j) * d;
+        T* k = staged + j * d;
+        T* v = staged + (KEY_BLOCK + j) * d;
         for (int c = 0; c < d; c += W) {
-          Vec::store(k + c, load(a.k_cache, here[j] + c, RC_BFLOAT16));
-          Vec::store(v + c, load(a.v_cache, here[j] + c, RC_BFLOAT16));
+          stage_cache(k + c, a.k_cache, here[j] + c, a.cache_dtype);
+          stage_cache(v + c, a.v_cache, here[j] + c, a.cache_dtype);
         }
-        k_rows[j] = reinterpret_cast<const T*>(k);
-        v_rows[j] = reinterpret_cast<const T*>(v);
+        k_rows[j] = k;
+        v_rows[j] = v;
       } else {
         k_rows[j] = reinterpret_cast<const T*>(k_bytes + here[j] * size);
         v_rows[j] = reinterpret_cast<const T*>(v_bytes + here[j] * size);
@@ -214,8 +224,9 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
   float* max = grown(s.state, size_t(3) * padded);
   float* sum = max + padded;
   float* limit = sum + padded;
-  // bf16 caches: read in place, by bf16 dot products where the CPU has them, else widened
-  // row by row when one row block reads them; staged as fp32 once for many row blocks
+  // bf16 activations: their cache read by bf16 dot products where the CPU has them (an fp8 cache
+  // staged as bf16), else a bf16 cache widened row by row when one row block reads it; staged as
+  // fp32 once for many row blocks (an fp8 cache always)
   const bool bf16 = a.dtype == RC_BFLOAT16;
   const bool dot = Vec::BF16_DOT && bf16 && d % 32 == 0;
   uint16_t* q_bf16 = dot ? grown(s.q_bf16, size_t(padded) * d) : nullptr;
@@ -226,7 +237,7 @@ void run_task(const rc_attention_args& a, const rc_task& task, int kv_head) {
   std::fill(acc, acc + size_t(padded) * d, 0.0f);
   // AMX tiles (where this library has them) for bf16 dot products of at least AMX_MIN_ROWS rows
   const bool tiles = AMX && dot && rows >= AMX_MIN_ROWS;
-  if (dot || (bf16 && !Vec::BF16_DOT && rows <= W))
+  if (dot || (a.cache_dtype == RC_BFLOAT16 && !Vec::BF16_DOT && rows <= W))
     attend_keys<uint16_t>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows, tiles);
   else
     attend_keys<float>(a, task, kv_head, q, q_bf16, acc, max, sum, limit, rows, tiles);

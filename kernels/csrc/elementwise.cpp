@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "fp8.h"
 #include "kernels.h"
-#include "vec.h"
 
 namespace rc {
 namespace {
@@ -20,9 +20,16 @@ constexpr int64_t ARITHMETIC_PARALLEL_MIN = 1 << 13;
 F keep(F x, rc_dtype dtype) { return dtype == RC_BFLOAT16 ? Vec::round_bf16(x) : x; }
 float keep(float x, rc_dtype dtype) { return dtype == RC_BFLOAT16 ? round_bf16(x) : x; }
 
-void copy_row(void* dst, int64_t dst_at, const void* src, int64_t src_at, int64_t n, rc_dtype dtype) {
-  const int64_t size = dtype_size(dtype);
-  std::memcpy(static_cast<char*>(dst) + dst_at * size, static_cast<const char*>(src) + src_at * size, n * size);
+// n values of a token's K or V into its cache row: copied, or converted to the cache's fp8 format
+// (n is kv_heads * head_dim, a multiple of W)
+void put_row(void* cache, int64_t cache_at, rc_dtype cache_dtype, const void* src, int64_t src_at, int64_t n,
+             rc_dtype dtype) {
+  if (cache_dtype == dtype) {
+    const int64_t size = dtype_size(dtype);
+    std::memcpy(static_cast<char*>(cache) + cache_at * size, static_cast<const char*>(src) + src_at * size, n * size);
+    return;
+  }
+  for (int64_t c = 0; c < n; c += W) store_cache(cache, cache_at + c, load(src, src_at + c, dtype), cache_dtype);
 }
 
 // x1 * cos - x2 * sin and x2 * cos + x1 * sin, each product and sum rounded as torch does
@@ -50,8 +57,8 @@ void store_kv(const rc_store_args* args) {
   const rc_store_args& a = *args;
 #pragma omp parallel for if (a.tokens * a.row >= PARALLEL_MIN) schedule(static)
   for (int64_t t = 0; t < a.tokens; ++t) {
-    copy_row(a.k_cache, a.slots[t] * a.row, a.k, t * a.k_stride, a.row, a.dtype);
-    copy_row(a.v_cache, a.slots[t] * a.row, a.v, t * a.v_stride, a.row, a.dtype);
+    put_row(a.k_cache, a.slots[t] * a.row, a.cache_dtype, a.k, t * a.k_stride, a.row, a.dtype);
+    put_row(a.v_cache, a.slots[t] * a.row, a.cache_dtype, a.v, t * a.v_stride, a.row, a.dtype);
   }
 }
 
@@ -64,8 +71,8 @@ void rope_store_kv(const rc_rope_args* args) {
   for (int64_t t = 0; t < a.tokens; ++t) {
     const int64_t row = t * a.qkv_stride;
     for (int h = 0; h < a.num_heads + a.num_kv_heads; ++h) rotate(a.qkv, row + h * d, a.cos, a.sin, t * half, half, a.dtype);
-    copy_row(a.k_cache, a.slots[t] * kv_row, a.qkv, row + k_at, kv_row, a.dtype);
-    copy_row(a.v_cache, a.slots[t] * kv_row, a.qkv, row + v_at, kv_row, a.dtype);
+    put_row(a.k_cache, a.slots[t] * kv_row, a.cache_dtype, a.qkv, row + k_at, kv_row, a.dtype);
+    put_row(a.v_cache, a.slots[t] * kv_row, a.cache_dtype, a.qkv, row + v_at, kv_row, a.dtype);
   }
 }
 

@@ -7,7 +7,8 @@
 
 extern "C" {
 
-enum rc_dtype : int32_t { RC_FLOAT32 = 0, RC_BFLOAT16 = 1 };
+// activations are float32 or bfloat16; a KV cache holds the activations' dtype or an fp8 format
+enum rc_dtype : int32_t { RC_FLOAT32 = 0, RC_BFLOAT16 = 1, RC_FP8_E4M3 = 2, RC_FP8_E5M2 = 3 };
 
 // One unit of attention work, for every KV head: the query rows of `seg_end - seg_begin`
 // segments against keys [key_begin, key_end) of request `key_req` (read through its page
@@ -63,6 +64,7 @@ struct rc_attention_args {
   int32_t head_dim;
   float scale;
   rc_dtype dtype;
+  rc_dtype cache_dtype;
 };
 
 // Writes rows slots[t] of both caches: k, v are [T, kv_heads * head_dim] with a token stride.
@@ -77,6 +79,7 @@ struct rc_store_args {
   int64_t tokens;
   int64_t row;  // kv_heads * head_dim
   rc_dtype dtype;
+  rc_dtype cache_dtype;
 };
 
 // Rotates q and k in place inside the fused projection output qkv [T, (heads + 2 kv_heads) * d]
@@ -94,6 +97,7 @@ struct rc_rope_args {
   int32_t num_kv_heads;
   int32_t head_dim;
   rc_dtype dtype;
+  rc_dtype cache_dtype;
 };
 
 // RMSNorm of x [rows, hidden] (row stride x_stride) into out (contiguous); with a residual

@@ -122,6 +122,15 @@ rc_dtype dtype_of(const at::Tensor& t, const char* what) {
   TORCH_CHECK(false, what, " must be float32 or bfloat16, not ", t.scalar_type());
 }
 
+// A KV cache holds the activations' dtype, or an fp8 format (--kv-cache-dtype)
+rc_dtype cache_dtype_of(const at::Tensor& act, const at::Tensor& cache, const char* what) {
+  if (cache.scalar_type() == at::kFloat8_e4m3fn) return RC_FP8_E4M3;
+  if (cache.scalar_type() == at::kFloat8_e5m2) return RC_FP8_E5M2;
+  TORCH_CHECK(cache.scalar_type() == act.scalar_type(), what, " must have the activations' dtype ", act.scalar_type(),
+              " or an fp8 one (float8_e4m3fn, float8_e5m2), not ", cache.scalar_type());
+  return dtype_of(cache, what);
+}
+
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, " must have the activations' dtype ", a.scalar_type(), ", not ",
               b.scalar_type());
@@ -182,7 +191,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                      const at::Tensor& prefix_lens, const at::Tensor& tasks, const at::Tensor& segments,
                      const at::Tensor& merges, const at::Tensor& contribs, at::Tensor& partials, double scale) {
   const rc_dtype dtype = dtype_of(q, "q");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k_cache, &v_cache, &out}) check_same(q, *t, "the caches and out");
+  const rc_dtype cache_dtype = cache_dtype_of(q, k_cache, "the K cache");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the K and V caches must have one dtype");
+  check_same(q, out, "out");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [tokens, heads, head_dim] with head_dim contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
               "the K and V caches must be contiguous and of one shape");
@@ -218,7 +229,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                          int32_t(kv_heads),
                          int32_t(head_dim),
                          float(scale),
-                         dtype};
+                         dtype,
+                         cache_dtype};
   kernels().paged_attention(&args);
 }
 
@@ -230,18 +242,19 @@ void check_slots(const at::Tensor& slots, int64_t tokens, const at::Tensor& cach
   for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK_VALUE(s[t] >= 0 && s[t] < rows, "slot ", s[t], " is outside the cache");
 }
 
-void check_cache(const at::Tensor& act, const at::Tensor& k_cache, const at::Tensor& v_cache) {
-  check_same(act, k_cache, "the K cache");
-  check_same(act, v_cache, "the V cache");
+rc_dtype check_cache(const at::Tensor& act, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  const rc_dtype cache_dtype = cache_dtype_of(act, k_cache, "the K cache");
+  TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type(), "the K and V caches must have one dtype");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.sizes() == v_cache.sizes(),
               "the caches must be contiguous [pages, page_size, kv_heads, head_dim] tensors of one shape");
+  return cache_dtype;
 }
 
 void store_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping, const at::Tensor& k,
               const at::Tensor& v) {
   const rc_dtype dtype = dtype_of(k, "k");
-  check_cache(k, k_cache, v_cache);
+  const rc_dtype cache_dtype = check_cache(k, k_cache, v_cache);
   check_same(k, v, "v");
   const int64_t row = k_cache.size(2) * k_cache.size(3);
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v})
@@ -251,14 +264,14 @@ void store_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_m
   rc_store_args args{k_cache.data_ptr(), v_cache.data_ptr(), slot_mapping.data_ptr<int64_t>(),
                      k.data_ptr(),       v.data_ptr(),       k.stride(0),
                      v.stride(0),        k.size(0),          row,
-                     dtype};
+                     dtype,              cache_dtype};
   kernels().store_kv(&args);
 }
 
 void rope_store_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& k_cache,
                    at::Tensor& v_cache, const at::Tensor& slot_mapping, int64_t num_heads, int64_t num_kv_heads) {
   const rc_dtype dtype = dtype_of(qkv, "qkv");
-  check_cache(qkv, k_cache, v_cache);
+  const rc_dtype cache_dtype = check_cache(qkv, k_cache, v_cache);
   const int64_t head_dim = k_cache.size(3);
   TORCH_CHECK(k_cache.size(2) == num_kv_heads, "the caches hold ", k_cache.size(2), " KV heads, not ", num_kv_heads);
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_dim,
@@ -281,7 +294,8 @@ void rope_store_kv(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin
                     int32_t(num_heads),
                     int32_t(num_kv_heads),
                     int32_t(head_dim),
-                    dtype};
+                    dtype,
+                    cache_dtype};
   kernels().rope_store_kv(&args);
 }
 

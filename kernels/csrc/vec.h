@@ -93,6 +93,6 @@ inline void store1(void* base, int64_t i, float x, rc_dtype dtype) {
     static_cast<float*>(base)[i] = x;
 }
 
-inline int64_t dtype_size(rc_dtype dtype) { return dtype == RC_BFLOAT16 ? 2 : 4; }
+inline int64_t dtype_size(rc_dtype dtype) { return dtype == RC_FLOAT32 ? 4 : dtype == RC_BFLOAT16 ? 2 : 1; }
 
 }  // namespace rc

@@ -26,6 +26,21 @@ def test_matches_dense_attention(name: str, page_size: int, heads: int, kv_heads
     torch.testing.assert_close(case.run(), case.expected(), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("name", ["decodes", "mixed"])
+def test_an_fp8_cache_is_read_as_the_activations_dtype(name: str, cache_dtype: torch.dtype) -> None:
+    case = Case(BATCHES[name], 16, 6, 2).with_cache_dtype(cache_dtype)
+    torch.testing.assert_close(case.run(), case.expected(), rtol=1e-10, atol=1e-10)
+
+
+def test_an_fp8_cache_saturates_at_its_largest_value() -> None:
+    case = Case(BATCHES["prefill"], 16, 4, 2).with_cache_dtype(torch.float8_e4m3fn)
+    case.k[0] = case.k[0] * 1000  # past e4m3's 448
+    case.run()
+    stored = case.k_cache[case.page_table[0, 0], :7].double()
+    assert stored.abs().max() == 448 and torch.equal(stored.sign(), case.k[0].sign())
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_new_kv_lands_in_its_pages(page_size: int) -> None:
     case = Case(BATCHES["mixed"], page_size, 6, 2)

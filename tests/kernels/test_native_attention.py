@@ -33,7 +33,8 @@ BATCHES = {
     "shared-extends": ([(32, 5), (40, 1), (33, 20), (50, 1)], [([0, 2, 3], 32)]),
     "whole-prefix-shared": ([(64, 1), (64, 3)], [([0, 1], 64)]),
 }
-HEADS = [(4, 4), (9, 3), (8, 1)]  # query heads per KV head: 1, 3, 8
+HEADS = [(4, 4), (9, 3), (8, 1)]
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]  # query heads per KV head: 1, 3, 8
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,6 +78,36 @@ def test_matches_dense_attention(
     c = case(name, page_size, heads, dtype)
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(run_native(c).float(), c.expected().float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["decodes", "mixed", "shared-decodes", "shared-extends", "long-prefill-many-tiles"])
+def test_an_fp8_cache_matches_dense_attention_over_its_values(
+    isa: str, name: str, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
+    # the rows staged as the activations' dtype for every path: fp32 tiles, bf16 dot products
+    # (a decode's 3 rows), AMX tiles (a group's 12 rows, prefills)
+    c = case(name, 16, (9, 3), dtype).with_cache_dtype(cache_dtype)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(run_native(c).float(), c.expected().float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 1)], ids=["3-rows", "8-rows"])
+def test_every_fp8_value_is_read_back_exactly(isa: str, dtype: torch.dtype, cache_dtype: torch.dtype, heads) -> None:
+    # one key per request: its softmax weight is 1, so each output row is the V row the cache
+    # holds, whichever path reads it (3 query rows: dot products; 8: AMX tiles where present)
+    codes = torch.arange(256, dtype=torch.uint8).view(cache_dtype).float()
+    values = codes[codes.isfinite()]  # every finite fp8 value, subnormals and zeros included
+    kv_heads, group = heads[1], heads[0] // heads[1]
+    rows = -(-len(values) // (kv_heads * HEAD_DIM))
+    v = torch.cat([values, torch.zeros(rows * kv_heads * HEAD_DIM - len(values))]).view(rows, kv_heads, HEAD_DIM)
+    c = Case([(0, 1)] * rows, 16, *heads, head_dim=HEAD_DIM, dtype=dtype)
+    c.v = [v[b : b + 1].to(dtype) for b in range(rows)]
+    out = run_native(c.with_cache_dtype(cache_dtype))
+    assert torch.equal(out.float(), v.repeat_interleave(group, dim=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

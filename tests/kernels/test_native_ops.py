@@ -17,6 +17,7 @@ from radixcluster.kernels.layer_ops import torch_layer_ops
 from radixcluster.kernels.rotary import rope_cos_sin, rope_inv_freq
 
 DTYPES = [torch.float32, torch.bfloat16]
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 REFERENCE = torch_layer_ops(store_kv)
 # fp32: a few ulps; bf16: one unit in the last place of the bf16 result
 CLOSE = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2**-7, "atol": 2**-7}}
@@ -40,25 +41,51 @@ def isa(ops, request: pytest.FixtureRequest) -> Iterator[str]:
     torch.ops.radixcluster.use_isa(default)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor's bytes, to compare exactly (torch.equal has no fp8 kernel)."""
+    return t.view(torch.uint8) if t.dtype in FP8 else t
+
+
 def randn(*shape: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+@pytest.mark.parametrize("cache_dtype", [None, *FP8], ids=["same", "e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("tokens", "heads", "kv_heads", "head_dim"), [(1, 9, 3, 64), (37, 4, 2, 80), (300, 8, 8, 128)])
-def test_rope_and_store_is_the_reference_bit_for_bit(ops, dtype, tokens, heads, kv_heads, head_dim) -> None:
+def test_rope_and_store_is_the_reference_bit_for_bit(
+    ops, dtype, cache_dtype, tokens, heads, kv_heads, head_dim
+) -> None:
     qkv = randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype)
     positions = torch.randint(0, 100_000, (tokens,), generator=torch.Generator().manual_seed(1))
     cos, sin = rope_cos_sin(positions, rope_inv_freq(head_dim, 500000.0, None), dtype)
     slots = torch.randperm(2 * tokens, generator=torch.Generator().manual_seed(2))[:tokens]
     caches = {
-        name: [torch.zeros(2 * tokens, 1, kv_heads, head_dim, dtype=dtype) for _ in range(2)]
+        name: [torch.zeros(2 * tokens, 1, kv_heads, head_dim, dtype=cache_dtype or dtype) for _ in range(2)]
         for name in ("ours", "ref")
     }
     ours = ops.rope_and_store(qkv.clone(), cos, sin, *caches["ours"], slots, heads, kv_heads)
     ref = REFERENCE.rope_and_store(qkv.clone(), cos, sin, *caches["ref"], slots, heads, kv_heads)
     assert torch.equal(ours, ref)
-    assert all(torch.equal(a, b) for a, b in zip(caches["ours"], caches["ref"]))
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(caches["ours"], caches["ref"]))
+
+
+@pytest.mark.parametrize("cache_dtype", FP8, ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_store_kv_into_an_fp8_cache_rounds_as_torch_does(ops, dtype, cache_dtype) -> None:
+    from radixcluster.kernels.native_ops import native_store_kv
+
+    # every magnitude: below the smallest subnormal, subnormals, normals, past the largest value
+    scale = 10 ** torch.empty(40, 2, 64).uniform_(-5, 5.5, generator=torch.Generator().manual_seed(4))
+    k, v = (randn(40, 2, 64, dtype=torch.float32, seed=seed) * scale for seed in (5, 6))
+    # ties between two fp8 values, which round to the even one
+    k[0, 0] = torch.arange(64) / 8 + 1 / 16
+    k, v = k.to(dtype), v.to(dtype)
+    slots = torch.randperm(48, generator=torch.Generator().manual_seed(7))[:40]
+    ours, ref = ([torch.zeros(3, 16, 2, 64, dtype=cache_dtype) for _ in range(2)] for _ in range(2))
+    native_store_kv(*ours, slots, k, v)
+    store_kv(*ref, slots, k, v)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(ours, ref))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])

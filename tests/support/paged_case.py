@@ -77,6 +77,13 @@ class Case:
         self.k_cache, self.v_cache = self.k_cache.to(device), self.v_cache.to(device)
         self.k, self.v, self.q = ([x.to(device) for x in xs] for xs in (self.k, self.v, self.q))
 
+    def with_cache_dtype(self, cache_dtype: torch.dtype) -> Case:
+        """The case over caches of ``cache_dtype`` (an fp8 KV cache): every token's K/V rounded
+        to it, so the oracle sees what the cache holds."""
+        self.k, self.v = ([x.to(cache_dtype).to(x.dtype) for x in xs] for xs in (self.k, self.v))
+        self.k_cache, self.v_cache = self.k_cache.to(cache_dtype), self.v_cache.to(cache_dtype)
+        return self
+
     def metadata(self, gather_rows: bool = True) -> AttentionMetadata:
         prefix = torch.tensor([p for p, _ in self.lens])
         extend = torch.tensor([e for _, e in self.lens])
