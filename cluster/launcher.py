@@ -132,7 +132,8 @@ class Launcher:
         cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
         print(
             f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
-            f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens, {attention}; radix cache {cache}",
+            f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens{_kv_note(plan)}, {attention}; "
+            f"radix cache {cache}",
             file=sys.stderr,
             flush=True,
         )
@@ -201,6 +202,7 @@ class Launcher:
                     max_slots=args.max_running_requests,
                     max_context_len=plan.context_length,
                     dtype=dtype,
+                    kv_cache_dtype=getattr(torch, plan.kv_cache_dtype),
                     device=plan.device,
                     attention_backend=self.attention_backend,
                     prepack_weights=plan.prepack_weights,
@@ -235,6 +237,7 @@ class Launcher:
             tp_size=args.tp_size,
             device=plan.device,
             dtype=plan.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             max_queued_requests=args.max_queued_requests,
             log_level=args.log_level,
             cache_page_text=args.cache_page_text,
@@ -357,6 +360,11 @@ class Launcher:
         kill_survivors(started, SURVIVOR_GRACE_S)
         if self.plan is not None:
             shutil.rmtree(self.plan.runtime_dir, ignore_errors=True)
+
+
+def _kv_note(plan: Plan) -> str:
+    """Names the KV cache's dtype where it is not the model's (--kv-cache-dtype)."""
+    return "" if plan.kv_cache_dtype == plan.dtype else f" ({plan.kv_cache_dtype})"
 
 
 def _dtype_note(plan: Plan) -> str:

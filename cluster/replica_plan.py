@@ -18,9 +18,9 @@ from pathlib import Path
 
 from radixcluster.model_config import ModelConfig, load_model_config
 from radixcluster.model_path import resolve_model_path, served_model_name
-from radixcluster.server_args import ServerArgs
+from radixcluster.server_args import FP8_KV_CACHE_DTYPES, ServerArgs
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # cgroup v1 writes "no limit" as a number near 2**63
 CGROUP_NO_MEMORY_LIMIT = 2**60
 # share of memory for weights + KV when --mem-fraction-static is not given: a GPU is ours alone;
@@ -48,6 +48,7 @@ class Plan:
     served_model_name: str
     device: str
     dtype: str
+    kv_cache_dtype: str  # torch's name: the model's dtype, or an fp8 one
     num_pages: int
     context_length: int
     runtime_dir: str
@@ -63,6 +64,11 @@ def choose_dtype(requested: str, device: str) -> str:
     if requested != "auto":
         return requested
     return "bfloat16" if device == "cuda" else "float32"
+
+
+def choose_kv_cache_dtype(requested: str, dtype: str) -> str:
+    """``auto`` is the model's dtype; an fp8 name (SGLang's) becomes torch's."""
+    return dtype if requested == "auto" else FP8_KV_CACHE_DTYPES[requested]
 
 
 def weight_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
@@ -102,17 +108,24 @@ def prepacks_weights(args: ServerArgs, cfg: ModelConfig, device: str, dtype_byte
 
 
 def plan_kv_pages(
-    args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int, prepack: bool = False
+    args: ServerArgs,
+    cfg: ModelConfig,
+    device: str,
+    dtype_bytes: int,
+    memory_bytes: int,
+    prepack: bool = False,
+    kv_dtype_bytes: int | None = None,
 ) -> int:
     """Pages in the pool: --max-total-tokens if given, else what --mem-fraction-static of
     ``memory_bytes`` (one GPU's, or the host's RAM that all CPU ranks share) holds after the
-    weights (and, with ``prepack``, their packed copies)."""
+    weights (and, with ``prepack``, their packed copies), at ``kv_dtype_bytes`` an element
+    (default: the weights' ``dtype_bytes``)."""
     if args.max_total_tokens is not None:
         return args.max_total_tokens // args.page_size
     budget = _kv_budget(args, cfg, device, dtype_bytes, memory_bytes)
     if prepack:
         budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
-    tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, dtype_bytes))
+    tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, kv_dtype_bytes or dtype_bytes))
     if tokens < args.page_size * 2:
         fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
         raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
@@ -243,6 +256,7 @@ def make_plan(args: ServerArgs) -> Plan:
     cfg = load_model_config(path)
     device = resolve_device(args.device)
     dtype = choose_dtype(args.dtype, device)
+    kv_cache_dtype = choose_kv_cache_dtype(args.kv_cache_dtype, dtype)
     memory = memory_bytes(device)
     prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     return Plan(
@@ -251,7 +265,8 @@ def make_plan(args: ServerArgs) -> Plan:
         served_model_name=args.served_model_name or served_model_name(path),
         device=device,
         dtype=dtype,
-        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack),
+        kv_cache_dtype=kv_cache_dtype,
+        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype]),
         context_length=args.context_length or cfg.max_position_embeddings,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
         cpus=machine_cpus(args.tp_size),

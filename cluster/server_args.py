@@ -34,6 +34,9 @@ MEANINGLESS_FLAGS = {
     "--disable-cuda-graph": "decode runs without CUDA graphs on this build",
     "--trust-remote-code": "only built-in Llama-family model code runs",
 }
+# SGLang's names for the KV cache's dtype; torch's dtype for each fp8 one
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+FP8_KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 MEANINGLESS_VALUE_FLAGS = {
     "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
 }
@@ -57,6 +60,7 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     radix_eviction_policy: str = "lru"
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     device: str = "auto"
     attention_backend: str = "auto"
     disable_weight_prepack: bool = False
@@ -200,6 +204,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "float32", "bfloat16", "float16"),
         default=d.dtype,
         help="auto: float32 on CPU, bfloat16 on GPU",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=d.kv_cache_dtype,
+        help="auto: the model's dtype; fp8_e4m3 / fp8_e5m2: K and V stored in 8 bits (a quarter of float32's "
+        "memory, half of bfloat16's), read back as the model's dtype, without scaling factors",
     )
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
     parser.add_argument(

@@ -85,6 +85,7 @@ class RouterConfig:
     device: str
     dtype: str
     max_queued_requests: int  # waiting (and compiling) requests beyond which new ones get a 429
+    kv_cache_dtype: str = "auto"  # as given: auto, fp8_e4m3, fp8_e5m2
     log_level: str = "warning"
     cache_page_text: bool = False  # the cache page's tree shows each node's first tokens as text
     json_any_whitespace: bool = True  # a JSON schema lets the model put any whitespace between tokens
@@ -388,6 +389,7 @@ class Router:
             "disable_radix_cache": not c.enable_radix_cache,
             "device": c.device,
             "dtype": c.dtype,
+            "kv_cache_dtype": c.kv_cache_dtype,
             "vocab_size": self.intake.vocab_size,
             "max_queued_requests": c.max_queued_requests,
             "kv_events_address": self.tree_events.address if self.tree_events is not None else None,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixcluster.kernels.attention import build_attention_metadata
+from radixcluster.kernels.attention import FP8_DTYPES, build_attention_metadata
 from radixcluster.kernels.attention_backend import select_attention_backend
 from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True, kw_only=True)
 class RunnerConfig:
     """What one rank runs: the model, its place in the TP group, and the KV pool's size.
-    ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``attention_backend`` is
+    ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``kv_cache_dtype`` None means
+    ``dtype``, or an fp8 one (the native and torch attention paths); ``attention_backend`` is
     ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
     ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
     the linear weights on CPU, and the native backend brings its one-row product (packed_linear.py)."""
@@ -41,6 +42,7 @@ class RunnerConfig:
     max_slots: int
     max_context_len: int
     dtype: torch.dtype | None = None
+    kv_cache_dtype: torch.dtype | None = None
     device: str = "cpu"
     attention_backend: str = "auto"
     prepack_weights: bool = True
@@ -67,6 +69,11 @@ class ModelRunner:
         self.dtype = config.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tp = TPGroup(config.tp_rank, config.tp_size)
         self.attention = select_attention_backend(self.device, config.attention_backend, self.model_config.head_dim)
+        if config.kv_cache_dtype in FP8_DTYPES and self.attention.name == "triton":
+            raise ValueError(
+                f"an fp8 KV cache ({config.kv_cache_dtype}) runs on the native and torch attention paths, "
+                "not triton (use --attention-backend torch on CUDA)"
+            )
         detail = f" ({self.attention.detail})" if self.attention.detail else ""
         logger.info("rank %d runs the %s attention path%s", config.tp_rank, self.attention.name, detail)
         with torch.device(self.device):
@@ -86,7 +93,7 @@ class ModelRunner:
             head_dim=self.model_config.head_dim,
             max_slots=config.max_slots,
             max_pages_per_request=-(-config.max_context_len // config.page_size),
-            dtype=self.dtype,
+            dtype=config.kv_cache_dtype or self.dtype,
             device=self.device,
         )
 

@@ -18,6 +18,7 @@ from radixcluster.replica_plan import (
     cgroup_cpu_limit,
     cgroup_memory_limit,
     choose_dtype,
+    choose_kv_cache_dtype,
     machine_cpus,
     omp_env,
     packed_weight_bytes,
@@ -95,6 +96,19 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
     fp32 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB)
     bf16 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["bfloat16"], 8 * GIB)
     assert bf16 > 2 * fp32  # the weights shrink too
+
+
+def test_the_kv_cache_is_the_models_dtype_unless_fp8_is_asked(cfg):
+    assert choose_kv_cache_dtype("auto", "bfloat16") == "bfloat16"
+    assert choose_kv_cache_dtype("fp8_e4m3", "float32") == "float8_e4m3fn"
+    assert choose_kv_cache_dtype("fp8_e5m2", "bfloat16") == "float8_e5m2"
+
+
+def test_an_fp8_cache_holds_four_times_fp32s_tokens_in_the_same_memory(cfg):
+    args = ServerArgs(mem_fraction_static=0.5)
+    fp32 = plan_kv_pages(args, cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB)
+    fp8 = plan_kv_pages(args, cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB, kv_dtype_bytes=DTYPE_BYTES["float8_e4m3fn"])
+    assert fp8 // 4 == fp32  # the weights stay float32
 
 
 def test_no_room_after_the_weights_says_so(cfg):

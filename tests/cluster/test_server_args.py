@@ -51,6 +51,16 @@ def test_prefix_caching_alias_mixed_chunk_and_dynamic_fraction_are_accepted(capl
     assert any("--mem-fraction-dynamic" in r.getMessage() for r in caplog.records)
 
 
+def test_kv_cache_dtype_takes_sglangs_names(capsys):
+    assert parse().kv_cache_dtype == "auto"
+    assert parse("--kv-cache-dtype", "fp8_e5m2").kv_cache_dtype == "fp8_e5m2"
+    args = parse("--dp-size", "2", "--kv-cache-dtype", "fp8_e4m3")
+    assert replica_argv(args, exclude=("dp_size",)) == ["--kv-cache-dtype", "fp8_e4m3"]
+    with pytest.raises(SystemExit):
+        parse("--kv-cache-dtype", "int8")
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [

@@ -84,6 +84,24 @@ def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, ref
         assert get(tp3, "/get_server_info").json()["tp_size"] == 3
 
 
+def test_an_fp8_kv_cache_holds_four_times_the_tokens_and_keeps_the_greedy_choices(server, hf_tokenizer, reference):
+    """--kv-cache-dtype fp8_e4m3 on the float32 model: every position of the reference
+    continuations asked once (prompt + the reference's tokens before it, one new token), so one
+    early difference does not make every later position differ."""
+    with launch_server("--kv-cache-dtype", "fp8_e4m3") as fp8:
+        info, default = (get(s, "/get_server_info").json() for s in (fp8, server))
+        assert (info["kv_cache_dtype"], default["kv_cache_dtype"]) == ("fp8_e4m3", "auto")
+        assert info["max_total_num_tokens"] // 4 == default["max_total_num_tokens"]
+        asked = [hf_tokenizer(p).input_ids + ref[:t] for p, ref in zip(PROMPTS, reference) for t in range(len(ref))]
+        batch = {"input_ids": asked, "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}}
+        resp = post(fp8, "/generate", batch)
+        assert resp.status_code == 200, resp.text
+        chosen = [item["output_ids"][0] for item in resp.json()]
+        expected = [token for ref in reference for token in ref]
+        share = sum(c == e for c, e in zip(chosen, expected)) / len(expected)
+        assert share >= 0.9, f"the fp8 cache's greedy choice is float32's at {share:.1%} of {len(expected)} positions"
+
+
 def test_shared_prefix_is_reused_page_aligned_and_flushed(tp3):
     """On the tp 3 server, whose pages hold 16 tokens."""
     prefix = " ".join(f"word{i}" for i in range(250))  # ~500 tokens
