@@ -47,6 +47,7 @@ from radixcluster.kernels.attention_backend import select_attention_backend  # n
 from radixcluster.model_config import load_model_config  # noqa: E402
 from radixcluster.model_path import embedded_model_path  # noqa: E402
 from radixcluster.protocol import ForwardBatch  # noqa: E402
+from radixcluster.server_args import FP8_KV_CACHE_DTYPES, KV_CACHE_DTYPES  # noqa: E402
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig  # noqa: E402
 from radixcluster.worker.packed_linear import prepare_linears  # noqa: E402
 from radixcluster.worker.weights import iter_weights  # noqa: E402
@@ -77,10 +78,16 @@ def alternating(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 
 
 def decode_runner(
-    backend: str, dtype: torch.dtype, w: Workload, weights: list, in_one_call: bool = False
+    backend: str,
+    dtype: torch.dtype,
+    w: Workload,
+    weights: list,
+    in_one_call: bool = False,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> ModelRunner:
-    """A runner whose KV pool holds the workload (random K/V); its layers run one by one, each
-    one's attention call marked for the profiler, unless ``in_one_call`` (where the backend can)."""
+    """A runner whose KV pool (of ``kv_cache_dtype``, default ``dtype``) holds the workload
+    (random K/V); its layers run one by one, each one's attention call marked for the profiler,
+    unless ``in_one_call`` (where the backend can)."""
     runner = ModelRunner(
         RunnerConfig(
             model_path=embedded_model_path(),
@@ -89,6 +96,7 @@ def decode_runner(
             max_slots=w.batch,
             max_context_len=w.context + 1,
             dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
             attention_backend=backend,
         ),
         weights=weights,
@@ -141,24 +149,33 @@ def step_split(runner: ModelRunner, batch: ForwardBatch) -> tuple[float, float]:
     return totals["attention"] / totals["step"], linear / totals["step"]
 
 
-def run_split(w: Workload, repeats: int) -> None:
+def kv_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a --kv-cache-dtype choice (None: the model's)."""
+    return None if name == "auto" else getattr(torch, FP8_KV_CACHE_DTYPES[name])
+
+
+def run_split(w: Workload, repeats: int, kv_cache_dtypes: list[str]) -> None:
+    """The torch reference against the native backend, which also runs with each fp8 cache of
+    ``kv_cache_dtypes``."""
     print(
         f"\n## decode step: {w.batch} requests, {w.groups} groups x {w.per_group} sharing {w.shared} tokens, context {w.context}, page size 1"
     )
-    print("| dtype | backend | step ms | attention | linear | other | step speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print("| dtype | backend | KV cache | step ms | attention | linear | other | step speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
     path = embedded_model_path()
     weights = list(iter_weights(path, load_model_config(path)))
     for label, dtype in DTYPES.items():
-        runners = {b: decode_runner(b, dtype, w, weights) for b in BACKENDS}
-        batch = decode_batch(w, runners["torch"].model_config.vocab_size)
+        runs = [(b, "auto") for b in BACKENDS] + [("native", kv) for kv in kv_cache_dtypes if kv != "auto"]
+        runners = {(b, kv): decode_runner(b, dtype, w, weights, kv_cache_dtype=kv_dtype(kv)) for b, kv in runs}
+        batch = decode_batch(w, runners["torch", "auto"].model_config.vocab_size)
         with torch.inference_mode():
-            times = alternating({b: partial(r.forward, batch) for b, r in runners.items()}, repeats)
-            for b, runner in runners.items():
+            times = alternating({run: partial(r.forward, batch) for run, r in runners.items()}, repeats)
+            for (b, kv), runner in runners.items():
                 attention, linear = step_split(runner, batch)
-                speedup = times["torch"] / times[b]
+                speedup = times["torch", "auto"] / times[b, kv]
+                cache = label if kv == "auto" else kv
                 print(
-                    f"| {label} | {b} | {times[b] * 1e3:.1f} | {attention:.0%} | {linear:.0%} "
+                    f"| {label} | {b} | {cache} | {times[b, kv] * 1e3:.1f} | {attention:.0%} | {linear:.0%} "
                     f"| {1 - attention - linear:.0%} | {speedup:.2f}x |"
                 )
 
@@ -376,6 +393,13 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        nargs="+",
+        choices=KV_CACHE_DTYPES,
+        default=["auto"],
+        help="split: the native backend's step with these KV caches too (auto: the model's dtype)",
+    )
     args = parser.parse_args()
     steady_allocator()
     if args.threads:
@@ -383,7 +407,7 @@ def main() -> None:
     w = Workload()
     print(f"torch threads: {torch.get_num_threads()}; medians of {args.repeats} alternating runs")
     if "split" in args.sections:
-        run_split(w, args.repeats)
+        run_split(w, args.repeats, args.kv_cache_dtypes)
     if "few" in args.sections:
         run_few(args.repeats)
     if "layers" in args.sections:
