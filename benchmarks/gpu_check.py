@@ -2,7 +2,8 @@
 kernel accuracy, the embedded model served end to end at tp 1, and step timings.
 
 Run on a CUDA machine: .venv/bin/python benchmarks/gpu_check.py [--port 30123]
-1. tests/kernels on the GPU (Triton compiled, float32 against the torch reference);
+1. tests/kernels on the GPU (Triton compiled, float32 against the torch reference; fp8 caches,
+   their rounding included);
 2. the Triton kernels in bfloat16 and float32 against a float64 dense reference, shared-prefix
    (cascade) decode groups included;
 3. `radixcluster up --device cuda --attention-backend triton`, one /generate, one chat

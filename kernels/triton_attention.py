@@ -81,10 +81,10 @@ def _extend_kernel(
         n_mask = offs_n < end
         k = kv_tile(
             KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
-        )
+        ).to(q.dtype)
         v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
-        )
+        ).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         # key 0 is visible to every row, so each row's max is finite after the first tile
         visible = (offs_n[None, :] <= prefix + offs_m[:, None]) & n_mask[None, :]
@@ -161,10 +161,10 @@ def _decode_split_kernel(
         n_mask = offs_n < end
         k = kv_tile(
             KCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
-        )
+        ).to(q.dtype)
         v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
-        )
+        ).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         qk = tl.where(n_mask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))

@@ -144,7 +144,7 @@ def _cascade_kernel(
                 offs_d,
                 d_mask,
                 HEAD_DIM,
-            )
+            ).to(q.dtype)
             v = kv_tile(
                 VCache,
                 PageTable,
@@ -158,7 +158,7 @@ def _cascade_kernel(
                 offs_d,
                 d_mask,
                 HEAD_DIM,
-            )
+            ).to(q.dtype)
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
             qk = tl.where(n_mask[None, :], qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))

@@ -1,5 +1,6 @@
 """Triton kernel that writes the new tokens' K and V into their paged-cache rows (the GPU
-twin of ``attention.store_kv``)."""
+twin of ``attention.store_kv``): in the cache's dtype, an fp8 one saturating at its largest
+value."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import torch
 import triton
 import triton.language as tl
 
+from radixcluster.kernels.attention import FP8_DTYPES
+
 
 @triton.jit
-def _store_kv_kernel(K, V, KCache, VCache, Slots, stride_k, stride_v, ROW: tl.constexpr, BLOCK: tl.constexpr):
+def _store_kv_kernel(
+    K, V, KCache, VCache, Slots, stride_k, stride_v, ROW: tl.constexpr, BLOCK: tl.constexpr, LIMIT: tl.constexpr
+):
     token = tl.program_id(0)
     # int64: slot * ROW overflows int32 on pools past 2**31 elements
     slot = tl.load(Slots + token).to(tl.int64)
@@ -17,6 +22,9 @@ def _store_kv_kernel(K, V, KCache, VCache, Slots, stride_k, stride_v, ROW: tl.co
     mask = cols < ROW
     k = tl.load(K + token * stride_k + cols, mask=mask)
     v = tl.load(V + token * stride_v + cols, mask=mask)
+    if LIMIT > 0:  # an fp8 cache
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -LIMIT), LIMIT)
+        v = tl.minimum(tl.maximum(v.to(tl.float32), -LIMIT), LIMIT)
     tl.store(KCache + slot * ROW + cols, k.to(KCache.dtype.element_ty), mask=mask)
     tl.store(VCache + slot * ROW + cols, v.to(VCache.dtype.element_ty), mask=mask)
 
@@ -41,6 +49,7 @@ def triton_store_kv(
         v_rows.stride(0),
         ROW=row,
         BLOCK=triton.next_power_of_2(row),
+        LIMIT=torch.finfo(k_cache.dtype).max if k_cache.dtype in FP8_DTYPES else 0.0,
     )
 
 

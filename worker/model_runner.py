@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixcluster.kernels.attention import FP8_DTYPES, build_attention_metadata
+from radixcluster.kernels.attention import build_attention_metadata
 from radixcluster.kernels.attention_backend import select_attention_backend
 from radixcluster.model_config import load_model_config
 from radixcluster.protocol import ForwardBatch, StepResult
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 class RunnerConfig:
     """What one rank runs: the model, its place in the TP group, and the KV pool's size.
     ``dtype`` None means float32 on CPU, bfloat16 on CUDA; ``kv_cache_dtype`` None means
-    ``dtype``, or an fp8 one (the native and torch attention paths); ``attention_backend`` is
+    ``dtype``, or an fp8 one; ``attention_backend`` is
     ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
     ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
     the linear weights on CPU, and the native backend brings its one-row product (packed_linear.py)."""
@@ -69,11 +69,7 @@ class ModelRunner:
         self.dtype = config.dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.tp = TPGroup(config.tp_rank, config.tp_size)
         self.attention = select_attention_backend(self.device, config.attention_backend, self.model_config.head_dim)
-        if config.kv_cache_dtype in FP8_DTYPES and self.attention.name == "triton":
-            raise ValueError(
-                f"an fp8 KV cache ({config.kv_cache_dtype}) runs on the native and torch attention paths, "
-                "not triton (use --attention-backend torch on CUDA)"
-            )
+        _check_fp8_on_the_gpu(config.kv_cache_dtype, self.device, self.attention.name)
         detail = f" ({self.attention.detail})" if self.attention.detail else ""
         logger.info("rank %d runs the %s attention path%s", config.tp_rank, self.attention.name, detail)
         with torch.device(self.device):
@@ -196,3 +192,15 @@ def _tensor(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torc
 
 def _numpy(x: torch.Tensor | None, dtype: type) -> np.ndarray | None:
     return None if x is None else x.cpu().numpy().astype(dtype)
+
+
+def _check_fp8_on_the_gpu(kv_cache_dtype: torch.dtype | None, device: torch.device, backend: str) -> None:
+    """Triton converts to e4m3 on compute capability 8.9 and later only (e5m2 everywhere)."""
+    if kv_cache_dtype != torch.float8_e4m3fn or backend != "triton" or device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ValueError(
+            f"--kv-cache-dtype fp8_e4m3 on the Triton kernels needs a GPU of compute capability 8.9 or later, "
+            f"this one is {capability[0]}.{capability[1]}: use fp8_e5m2"
+        )

@@ -60,21 +60,6 @@ def test_triton_on_cpu_without_the_interpreter_says_why(monkeypatch: pytest.Monk
         select_attention_backend("cpu", "triton")
 
 
-def test_an_fp8_cache_on_the_triton_kernels_is_refused(model_path: Path) -> None:
-    config = RunnerConfig(
-        model_path=model_path,
-        num_pages=16,
-        page_size=16,
-        max_slots=1,
-        max_context_len=64,
-        device=DEVICE,
-        attention_backend="triton",
-        kv_cache_dtype=torch.float8_e4m3fn,
-    )
-    with pytest.raises(ValueError, match="native and torch attention paths, not triton"):
-        ModelRunner(config)
-
-
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="one of"):
         select_attention_backend("cpu", "flashinfer")
