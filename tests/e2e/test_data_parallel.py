@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 DP_FLAGS = ("--dp-size", "2", "--page-size", "16", "--max-total-tokens", "4096")
 TENANTS, PER_TENANT, PREFIX, QUESTION, OUTPUT = 8, 4, 96, 16, 2
 LONG_REQUEST_S = 600  # a replica's requests, rerun on the other after it dies, on a loaded machine
-MAX_UNDER_LOAD = 12  # requests the kill test may send before both replicas run one
+MAX_UNDER_LOAD = 12  # requests the kill test keeps in flight until both replicas run one
 API_KEY, ADMIN_KEY = "dp-api-key", "dp-admin-key"
 TENANT_KEYS = {"dp-alpha-key": "alpha", "dp-beta-key": "beta"}
 
@@ -51,10 +51,11 @@ def replicas(server: ServerHandle) -> dict[str, dict]:
     return {r["url"]: r for r in get(server, "/replicas").json()["replicas"]}
 
 
-def wait_for(what: str, check, timeout: float = 300) -> None:
+def wait_for(what: str, check, timeout: float = 300, state=None) -> None:
+    """Poll ``check`` until it holds; a timeout says what ``state()`` (if given) shows then."""
     deadline = time.monotonic() + timeout
     while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        assert time.monotonic() < deadline, f"timed out waiting until {what}" + (f": {state()}" if state else "")
         time.sleep(0.5)
 
 
@@ -178,19 +179,25 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(cluster) -> No
         next_at = time.monotonic()
 
         def both_run_requests() -> bool:
-            # the gateway places by load, which a slow health poll or another test's leftovers
-            # can tilt to one replica: one more request every few seconds until both run one
+            # the gateway places by load, and a replica whose health polls time out on a loaded
+            # machine is out for a while: one more request every few seconds, replacing those
+            # that finished, until both run one
             nonlocal next_at
             if all(r["inflight_requests"] for r in replicas(cluster).values()):
                 return True
-            if len(answers) < MAX_UNDER_LOAD and time.monotonic() >= next_at:
+            if sum(not a.done() for a in answers) < MAX_UNDER_LOAD and time.monotonic() >= next_at:
                 fresh = 4 if not answers else 1
                 for i in range(len(answers), len(answers) + fresh):
                     answers.append(pool.submit(ask, f"Request {i} of a batch under load: " + "tell a long story " * 8))
                 next_at = time.monotonic() + 5
             return False
 
-        wait_for("both replicas run requests", both_run_requests)
+        def placements() -> str:
+            fields = ("available", "healthy", "circuit_open", "last_error", "inflight_requests", "requests_total")
+            now = {url: {f: r.get(f) for f in fields} for url, r in replicas(cluster).items()}
+            return f"{len(answers)} sent, {sum(a.done() for a in answers)} done; replicas {now}"
+
+        wait_for("both replicas run requests", both_run_requests, state=placements)
         os.killpg(replica_group(cluster, victim), signal.SIGKILL)
         # a health poll (every second) sees it gone long before its restart has loaded the model
         wait_for(
