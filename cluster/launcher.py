@@ -206,6 +206,7 @@ class Launcher:
                     device=plan.device,
                     attention_backend=self.attention_backend,
                     prepack_weights=plan.prepack_weights,
+                    random_seed=args.random_seed,
                 ),
                 batch_address=plan.address("batch"),
                 result_address=plan.address("result"),
@@ -230,7 +231,7 @@ class Launcher:
             page_size=args.page_size,
             context_length=plan.context_length,
             max_running_requests=args.max_running_requests,
-            chunked_prefill_size=args.chunked_prefill_size,
+            chunked_prefill_size=args.step_prompt_tokens,
             schedule_policy=args.schedule_policy,
             eviction_policy=args.radix_eviction_policy,
             enable_radix_cache=not args.disable_radix_cache,
@@ -245,6 +246,7 @@ class Launcher:
             max_pinned_fraction=args.max_pinned_fraction,
             step_timeout_s=args.step_timeout,
             max_worker_restarts=args.max_worker_restarts,
+            stream_interval=args.stream_interval,
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
         )
 

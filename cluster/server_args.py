@@ -27,19 +27,25 @@ DEFAULT_NAMING_FLAGS = {
     "--enable-radix-cache": "the radix cache is on by default",
     "--enable-prefix-caching": "the radix cache is on by default",
     "--enable-mixed-chunk": "running requests always join prefill steps",
+    "--enable-metrics": "/metrics is always served",
 }
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
 MEANINGLESS_FLAGS = {
     "--disable-flashinfer": "there is no FlashInfer backend here",
     "--disable-cuda-graph": "decode runs without CUDA graphs on this build",
     "--trust-remote-code": "only built-in Llama-family model code runs",
+    "--enable-torch-compile": "the CPU kernels are compiled ahead of time and the GPU ones by Triton",
+    "--disable-custom-all-reduce": "TP ranks always all-reduce through torch.distributed (NCCL or gloo)",
 }
 # SGLang's names for the KV cache's dtype; torch's dtype for each fp8 one
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 FP8_KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 MEANINGLESS_VALUE_FLAGS = {
     "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
+    "--cuda-graph-max-bs": "decode runs without CUDA graphs on this build",
 }
+# SGLang's names for attention backends: what runs for each here
+SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "flashinfer": "auto", "fa3": "auto"}
 
 
 @dataclass(slots=True)
@@ -51,6 +57,7 @@ class ServerArgs:
     tp_size: int = 1
     page_size: int = 1
     chunked_prefill_size: int = 2048
+    max_prefill_tokens: int | None = None
     max_running_requests: int = 64
     max_queued_requests: int = 2048
     mem_fraction_static: float | None = None
@@ -78,6 +85,8 @@ class ServerArgs:
     shutdown_timeout: float = 30.0
     step_timeout: float = 600.0
     max_worker_restarts: int = 3
+    stream_interval: int = 1
+    random_seed: int | None = None
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -88,10 +97,15 @@ class ServerArgs:
             "chunked_prefill_size",
             "max_running_requests",
             "max_queued_requests",
+            "stream_interval",
         )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.page_size:
+            raise ValueError(f"--max-prefill-tokens must hold at least one page, got {self.max_prefill_tokens}")
+        if self.random_seed is not None and not 0 <= self.random_seed < 2**63:
+            raise ValueError(f"--random-seed must be in [0, 2**63), got {self.random_seed}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
@@ -116,6 +130,12 @@ class ServerArgs:
             raise ValueError(f"--step-timeout must be > 0, got {self.step_timeout}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
+
+    @property
+    def step_prompt_tokens(self) -> int:
+        """The most prompt tokens one step computes: --chunked-prefill-size, or SGLang's cap on a
+        prefill batch, --max-prefill-tokens, where that is smaller."""
+        return min(self.chunked_prefill_size, self.max_prefill_tokens or self.chunked_prefill_size)
 
 
 def check_listen_address(host: str, port: int) -> None:
@@ -177,6 +197,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=d.chunked_prefill_size,
         help="most prompt tokens computed in one step; longer prompts are chunked",
     )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=d.max_prefill_tokens,
+        help="SGLang's cap on a prefill batch's tokens: a step computes at most this and --chunked-prefill-size",
+    )
     parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     parser.add_argument(
         "--max-queued-requests",
@@ -215,9 +241,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
     parser.add_argument(
         "--attention-backend",
-        choices=ATTENTION_BACKENDS,
+        choices=ATTENTION_BACKENDS + tuple(SGLANG_ATTENTION_BACKENDS),
         default=d.attention_backend,
-        help="auto: native kernels on CPU, Triton kernels on CUDA, the torch reference where neither can run",
+        help="auto: native kernels on CPU, Triton kernels on CUDA, the torch reference where neither can run "
+        "(SGLang's names: torch_native is torch, intel_amx native, flashinfer and fa3 auto)",
     )
     parser.add_argument(
         "--disable-weight-prepack",
@@ -286,6 +313,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--step-timeout",
+        "--watchdog-timeout",
+        dest="step_timeout",
         type=float,
         default=d.step_timeout,
         help="seconds one step may take before the TP group counts as hung and is replaced",
@@ -295,6 +324,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.max_worker_restarts,
         help="TP group losses in a row (no step completed in between) repaired by a new group; one more stops the replica",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=d.stream_interval,
+        help="a streaming request gets its first token at once, then its new tokens every this many",
+    )
+    parser.add_argument(
+        "--random-seed",
+        type=int,
+        default=d.random_seed,
+        help="seed of the sampler's generator (requests with a seed of their own draw from that)",
     )
     for flag, why in DEFAULT_NAMING_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=f"accepted: {why}")
@@ -313,6 +354,10 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         value = getattr(ns, flag.lstrip("-").replace("-", "_"))
         if value not in (None, False):
             logger.warning("%s is accepted but has no effect: %s", flag, why)
+    if ns.attention_backend in SGLANG_ATTENTION_BACKENDS:
+        ours = SGLANG_ATTENTION_BACKENDS[ns.attention_backend]
+        logger.warning("--attention-backend %s is SGLang's name; the %s backend runs here", ns.attention_backend, ours)
+        ns.attention_backend = ours
     names = {f.name for f in dataclasses.fields(ServerArgs)}
     values = {k: v for k, v in vars(ns).items() if k in names}
     values["api_key"] = ns.api_key or os.environ.get(API_KEY_ENV) or None

@@ -1,5 +1,6 @@
 """What each request sends back to the api: incremental text, stop strings, token counts and
-logprobs, as RequestOutput deltas (every step when streaming, once at the end otherwise)."""
+logprobs, as RequestOutput deltas (when streaming: its first token at once, then every
+``stream_interval`` tokens; otherwise once at the end)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ class _Stream:
     sent_ids: int = 0
     sent_logprobs: int = 0
     sent_input_logprobs: bool = False
-    # a non-streaming request's deltas, held until it finishes
+    emitted: bool = False  # an output went to the api
+    # the deltas not sent yet: a non-streaming request's until it finishes, a streaming one's
+    # until its stream interval's tokens are in
     held: RequestOutput | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
@@ -51,6 +54,7 @@ class _Stream:
 class OutputStreams:
     tokenizer: Tokenizer
     memo: PromptMemo
+    stream_interval: int = 1
     generated_tokens_total: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
@@ -110,8 +114,11 @@ class OutputStreams:
                 out.finished, out.finish_reason = True, req.finish_reason
                 if not stopped:
                     self._remember(stream)
-            if stream.stream or out.finished:
+            if out.finished or (
+                stream.stream and len(out.output_ids) >= (self.stream_interval if stream.emitted else 1)
+            ):
                 outputs.append(out)
+                stream.held, stream.emitted = None, True
         return outputs
 
     def _delta(self, stream: _Stream, text: str) -> RequestOutput:
@@ -140,7 +147,7 @@ class OutputStreams:
         out.pinned_tokens = req.pinned_tokens
         stream.sent_ids = len(req.output_ids)
         stream.sent_logprobs = len(req.output_logprobs)
-        stream.held = None if stream.stream else out
+        stream.held = out
         return out
 
     def _token_texts(self, ids: set[int]) -> dict[int, str]:

@@ -92,6 +92,7 @@ class RouterConfig:
     max_pinned_fraction: float = 0.5  # of the KV pool, the most that pinned prefixes may hold
     step_timeout_s: float = 600.0  # a step without a result for this long: the TP group is hung
     max_worker_restarts: int = 3  # group losses in a row the launcher repairs; one more ends the replica
+    stream_interval: int = 1  # a streaming request's outputs: its first token, then every this many
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
 
 
@@ -125,7 +126,7 @@ class Router:
         )
         self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size, config.json_any_whitespace)
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
-        self.streams = OutputStreams(self.tokenizer, self.intake.memo)
+        self.streams = OutputStreams(self.tokenizer, self.intake.memo, config.stream_interval)
         self.step_times = StepTimes()
         self.group = GroupHealth(config.max_worker_restarts)
         self.aborted_total = 0
@@ -384,6 +385,7 @@ class Router:
             "max_total_num_tokens": c.num_pages * c.page_size,
             "max_running_requests": c.max_running_requests,
             "chunked_prefill_size": c.chunked_prefill_size,
+            "stream_interval": c.stream_interval,
             "schedule_policy": self.scheduler.policy.policy,
             "radix_eviction_policy": c.eviction_policy,
             "disable_radix_cache": not c.enable_radix_cache,

@@ -32,7 +32,8 @@ class RunnerConfig:
     ``dtype``, or an fp8 one; ``attention_backend`` is
     ``auto`` (Triton on CUDA, the native kernels on the CPU when they build, else torch),
     ``torch``, ``native`` or ``triton``; ``prepack_weights`` adds oneDNN-packed copies of
-    the linear weights on CPU, and the native backend brings its one-row product (packed_linear.py)."""
+    the linear weights on CPU, and the native backend brings its one-row product (packed_linear.py);
+    ``random_seed`` seeds the generator that requests without a seed of their own sample from."""
 
     model_path: Path
     tp_rank: int = 0
@@ -46,6 +47,7 @@ class RunnerConfig:
     device: str = "cpu"
     attention_backend: str = "auto"
     prepack_weights: bool = True
+    random_seed: int | None = None
 
 
 @dataclass(slots=True)
@@ -92,6 +94,8 @@ class ModelRunner:
             dtype=config.kv_cache_dtype or self.dtype,
             device=self.device,
         )
+        if config.random_seed is not None:
+            torch.manual_seed(config.random_seed)  # last: building the model draws from the generator
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor | None:

@@ -51,6 +51,30 @@ def test_prefix_caching_alias_mixed_chunk_and_dynamic_fraction_are_accepted(capl
     assert any("--mem-fraction-dynamic" in r.getMessage() for r in caplog.records)
 
 
+def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(caplog):
+    with caplog.at_level(logging.WARNING):
+        args = parse(
+            *"--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --disable-custom-all-reduce".split(),
+            *"--watchdog-timeout 300 --max-prefill-tokens 512 --stream-interval 4 --random-seed 42".split(),
+        )
+    notices = " ".join(r.getMessage() for r in caplog.records)
+    for flag in ("--enable-torch-compile", "--cuda-graph-max-bs", "--disable-custom-all-reduce"):
+        assert f"{flag} is accepted but has no effect" in notices
+    assert "--enable-metrics" not in notices  # it names the default
+    assert (args.step_timeout, args.stream_interval, args.random_seed) == (300, 4, 42)
+    assert (args.chunked_prefill_size, args.step_prompt_tokens) == (2048, 512)
+    assert parse("--max-prefill-tokens", "16384").step_prompt_tokens == 2048  # SGLang's default: no cap
+    again = parse(*replica_argv(args, exclude=()))
+    assert (again.step_timeout, again.max_prefill_tokens, again.stream_interval, again.random_seed) == (300, 512, 4, 42)
+
+
+@pytest.mark.parametrize("sglang, ours", [("torch_native", "torch"), ("intel_amx", "native"), ("flashinfer", "auto")])
+def test_sglangs_attention_backend_names_run_ours(caplog, sglang, ours):
+    with caplog.at_level(logging.WARNING):
+        assert parse("--attention-backend", sglang).attention_backend == ours
+    assert f"--attention-backend {sglang} is SGLang's name; the {ours} backend runs here" in caplog.text
+
+
 def test_kv_cache_dtype_takes_sglangs_names(capsys):
     assert parse().kv_cache_dtype == "auto"
     assert parse("--kv-cache-dtype", "fp8_e5m2").kv_cache_dtype == "fp8_e5m2"
@@ -72,6 +96,9 @@ def test_kv_cache_dtype_takes_sglangs_names(capsys):
         (["--host", "999.1.1.1"], "is not an address"),
         (["--host", "192.0.2.1"], "not an address of this machine"),  # TEST-NET-1: never local
         (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
+        (["--stream-interval", "0"], "--stream-interval"),
+        (["--max-prefill-tokens", "8", "--page-size", "16"], "--max-prefill-tokens must hold at least one page"),
+        (["--random-seed", "-1"], "--random-seed"),
     ],
 )
 def test_bad_values_say_what_is_wrong(argv, words):

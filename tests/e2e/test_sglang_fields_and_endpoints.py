@@ -1,7 +1,7 @@
 """What SGLang 0.5.x clients send and call besides plain /generate, against a real
 `radixcluster up`: GenerateReqInput and SamplingParams fields (implemented, accepted at
 their defaults, or refused by name), per-prompt logprob options, model and server info,
-tokenize/detokenize, abort and model cards."""
+tokenize/detokenize, abort and model cards; and SGLang's serving flags on a server of their own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import threading
 import pytest
 import requests
 
-from support.api_helpers import GREEDY, TIMEOUT_S, assert_error, generate, get, post
+from support.api_helpers import GREEDY, TIMEOUT_S, assert_error, generate, get, post, sse_events
+from support.servers import launch_server
 
 pytestmark = pytest.mark.slow
 
@@ -153,3 +154,24 @@ def test_abort_request_ends_a_running_generation(server):
 )
 def test_openai_endpoints_refuse_sglang_extensions_we_do_not_implement(server, path, body, field):
     assert_error(post(server, path, body), 400, field)
+
+
+def test_sglangs_serving_flags_work_as_pasted():
+    """An SGLang command line: metrics, torch.compile, CUDA-graph and watchdog flags accepted, a
+    prefill cap below the chunk size, SGLang's name of the CPU attention backend, and
+    --stream-interval 4: a stream gets its first token at once, then four at a time."""
+    flags = (
+        "--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --watchdog-timeout 300 "
+        "--max-prefill-tokens 1024 --attention-backend intel_amx --stream-interval 4 --random-seed 42"
+    )
+    with launch_server(*flags.split()) as handle:
+        info = get(handle, "/get_server_info").json()
+        assert (info["stream_interval"], info["chunked_prefill_size"]) == (4, 1024)
+        body = {"text": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 10, "ignore_eos": True}}
+        with post(handle, "/generate", {**body, "stream": True}, stream=True) as resp:
+            assert resp.status_code == 200
+            chunks = sse_events(resp)[:-1]
+        assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 10]
+        whole = generate(handle, PROMPT, max_new_tokens=10, sampling_params={"ignore_eos": True})
+        assert (chunks[-1]["output_ids"], chunks[-1]["text"]) == (whole["output_ids"], whole["text"])
+        assert get(handle, "/metrics").status_code == 200

@@ -127,6 +127,26 @@ def test_stream_deltas_concatenate_to_the_whole_and_a_stop_string_trims(router, 
     assert last.finish_reason == {"type": "stop", "matched": stop}
 
 
+def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
+    """--stream-interval 4: a streaming request's outputs carry 1, 4, 4, ... tokens and the
+    rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged."""
+    interval = Router(router_config(model_path, stream_interval=4))
+    sampling = {"max_new_tokens": 11, "ignore_eos": True}
+    prompt = "Write the numbers from one to twenty in words:"
+    (every,) = run(
+        Router(router_config(model_path)), runner, request(prompt, stream=True, sampling=dict(sampling))
+    ).values()
+    (grouped,) = run(interval, runner, request(prompt, stream=True, sampling=dict(sampling))).values()
+    ids = [t for d in every for t in d.output_ids]
+    assert [len(d.output_ids) for d in every] == [1] * 11
+    assert [len(d.output_ids) for d in grouped] == [1, 4, 4, 2]
+    assert [t for d in grouped for t in d.output_ids] == ids
+    assert "".join(d.text for d in grouped) == "".join(d.text for d in every)
+    assert [d.completion_tokens for d in grouped] == [1, 5, 9, 11] and grouped[-1].finished
+    (whole,) = run(interval, runner, request(prompt, sampling=dict(sampling))).values()
+    assert len(whole) == 1 and whole[0].output_ids == ids
+
+
 def test_the_second_request_reuses_the_first_ones_prefix(router, runner):
     header = "You are a careful assistant. Answer briefly and precisely. " * 6
     first = run(router, runner, request(header + "What is 2+2?", sampling={"max_new_tokens": 2}))

@@ -1,8 +1,10 @@
 """ModelRunner.step on SmolLM2: greedy continuations equal transformers' generate (on the default
 CPU path, the native kernels, and on the torch reference), prompt logprobs equal its
-log-softmax, and the runner loads the GGUF itself through iter_weights."""
+log-softmax, the runner loads the GGUF itself through iter_weights, and --random-seed repeats its draws."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -98,3 +100,20 @@ def test_runner_loads_the_gguf_through_iter_weights(runner, model_path, hf_token
     ours = own.forward(PageBook(16, 512).batch([Extend(0, prompt, 0)]))
     ref = runner.forward(PageBook(16, 512).batch([Extend(0, prompt, 0)]))
     assert float((ours - ref).norm() / ref.norm()) < 1e-4
+
+
+def test_the_random_seed_repeats_the_draws_of_requests_without_a_seed(model_path, hf_model, hf_tokenizer) -> None:
+    """--random-seed: a runner seeded alike draws the same tokens, step after step; another
+    seed draws others."""
+    prompts = [hf_tokenizer(text)["input_ids"] for text in PROMPTS]
+
+    def draws(seed: int) -> list[list[int]]:
+        config = dataclasses.replace(runner_config(model_path), random_seed=seed)
+        seeded = ModelRunner(config, weights=hf_model.state_dict().items())
+        batch = PageBook(config.page_size, config.num_pages).batch([Extend(s, p, 0) for s, p in enumerate(prompts)])
+        batch.sampling.temperature[:] = 1.5
+        return [seeded.step(batch).next_token_ids.tolist() for _ in range(4)]
+
+    first = draws(7)
+    assert len({tuple(step) for step in first}) > 1  # the generator moves on between steps
+    assert draws(7) == first and draws(8) != first
