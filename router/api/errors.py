@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,6 +20,10 @@ from starlette.types import Receive
 from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
 logger = logging.getLogger(__name__)
+
+# what a request whose client left while sending its body is logged with (nginx's "client closed
+# request"); nobody reads it
+CLIENT_CLOSED = 499
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -223,8 +227,13 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None 
             on_error(response.status_code)
         return response
 
+    async def left(request: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # not an error: no traceback, no refusal counted
+
     # Starlette picks a handler by the exception's class: every class that has a response of
-    # its own, and Exception for the rest
+    # its own, and Exception for the rest (whose handler answers, and then the exception goes
+    # on to the server, which logs it again)
     answered = (ApiError, ValidationError, RequestValidationError, RouterUnavailable, RouterError, DuplicateRequestId)
     for kind in (*answered, StarletteHTTPException, Exception):
         app.add_exception_handler(kind, handle)
+    app.add_exception_handler(ClientDisconnect, left)

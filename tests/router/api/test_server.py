@@ -4,6 +4,7 @@ nothing of it; refusals are counted by reason."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,37 @@ def test_an_error_names_the_field_at_fault_as_openais_param(app):
         )
         not_json = client.post("/generate", content=b"{", headers=auth).json()["error"]
         assert not_json["param"] is None and "invalid JSON" in not_json["message"]
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(app, caplog):
+    """Its body ends in a disconnect: nobody to answer, no traceback in the log, no refusal counted."""
+    events = iter([{"type": "http.request", "body": b'{"text": "hel', "more_body": True}, {"type": "http.disconnect"}])
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return next(events)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"x"), (b"authorization", b"Bearer k"), (b"content-length", b"64")]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/generate",
+        "raw_path": b"/generate",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 0),
+    }
+    with caplog.at_level(logging.WARNING), TestClient(app) as client:
+        client.portal.call(app, scope, receive, send)
+    assert sent[0]["status"] == 499
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    counted = app.state.ctx.metrics.rejected_requests.collect()
+    assert sum(s.value for family in counted for s in family.samples if s.name.endswith("_total")) == 0
