@@ -17,10 +17,11 @@ import numpy as np
 # 2: block names (TreeEvent.blocks, GET /cache_blocks) from block_hash's tabled terms
 # 3: SamplingBatch.prompt_penalty_ids/lens (the repetition penalty counts the prompt too)
 PROTOCOL_VERSION = 3
-# what the integers of a request may hold: the router packs them into int32 arrays (token ids,
-# counts, top_k) and int64 (seed)
+# what the numbers of a request may hold: the router packs them into int32 arrays (token ids,
+# counts, top_k), int64 (seed) and float32 (temperature and the other sampling floats)
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
 
 _EXT_ARRAY = 1
 _EXT_MESSAGE = 2

@@ -137,7 +137,10 @@ def filtered_probs(
     """softmax(logits / temperature) with the tokens top_k, top_p and min_p drop set to 0,
     not renormalized (the draw is scale-free). Parameters are numpy [B]; top_k <= 0 is off."""
     device = logits.device
-    probs = torch.softmax(logits / _tensor(temperature, logits.dtype, device).unsqueeze(1), dim=-1)
+    # each row's maximum to 0 first: a temperature near 0 then sends the other logits to -inf
+    # (the limit, greedy) where dividing first would send several to inf (inf - inf is nan)
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / _tensor(temperature, logits.dtype, device).unsqueeze(1), dim=-1)
     vocab = probs.shape[-1]
     use_top_k = (top_k > 0) & (top_k < vocab)
     use_top_p = top_p < 1

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import regex
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
+from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn, prompt_tokens
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -31,6 +31,7 @@ MAX_KEY_CHARS = 256  # a rid, cache_salt or extra_key
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Temperature = Annotated[float, Field(ge=0, le=FLOAT32_MAX)]
 TopLogprobsNum = Annotated[int, Field(ge=0, le=20)]
 LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logprobs
 # an optional per-request deadline, in seconds from arrival: what is not done by then is aborted (504)
@@ -114,7 +115,7 @@ class SamplingParamsIn(BaseModel):
 
     max_new_tokens: Count | None = None  # 0: prefill only (cache warm-up)
     min_new_tokens: Count = 0
-    temperature: float = Field(1.0, ge=0)
+    temperature: Temperature = 1.0
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, le=INT32_MAX)
     min_p: float = Field(0.0, ge=0, le=1)

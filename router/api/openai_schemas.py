@@ -18,6 +18,7 @@ from radixcluster.router.api.native_schemas import (
     Key,
     LogitBias,
     SamplingParamsIn,
+    Temperature,
     TokenId,
     check_generations,
     drop_unsupported,
@@ -134,7 +135,7 @@ class OpenAIRequest(BaseModel):
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_OPENAI
 
     model: str | None = None
-    temperature: float = Field(1.0, ge=0)
+    temperature: Temperature = 1.0
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1, le=64)
     stop: str | list[str] | None = None

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcluster.protocol import SamplingBatch, decode, encode
+from radixcluster.protocol import FLOAT32_MAX, SamplingBatch, decode, encode
 from radixcluster.worker.sampler import apply_logit_bias, apply_penalties, argmax_rows, sample
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05: filter boundaries are far from float rounding
@@ -250,6 +250,20 @@ def test_vocab_mask_forces_the_lowest_logit():
     assert greedy.tolist() == [0, 31, 63, 69]
     sampled = sample(logits, batch(4, seed=[1, 2, 3, 4], temperature=5.0), positions(0, 0, 0, 0), mask).next_token_ids
     assert sampled[0] == 0 and sampled[1] == 31 and sampled[2] in (0, 63)
+
+
+def test_extreme_temperatures_sample_their_limits():
+    """Near 0 a temperature is greedy (the logits divided first would overflow to inf, and
+    inf - inf is nan); at float32's largest the draw is uniform over the tokens a mask allows,
+    never a masked one (-inf / inf would be nan)."""
+    logits = torch.randn(64, 500, generator=torch.Generator().manual_seed(5)) * 20
+    tiny = draws(logits[:1], 64, temperature=1e-45)  # float32's smallest subnormal
+    assert set(tiny.tolist()) == {int(logits[0].argmax())}
+    allowed = {3, 77, 140, 499}
+    mask = pack_mask([allowed] * 64, 500)
+    huge = batch(64, seed=np.arange(64), temperature=FLOAT32_MAX)
+    drawn = sample(logits[:1].expand(64, -1), huge, torch.zeros(64, dtype=torch.int64), mask).next_token_ids
+    assert set(drawn.tolist()) == allowed  # every allowed token, a 20-logit gap notwithstanding
 
 
 def test_logprobs_come_from_the_raw_logits():
