@@ -21,8 +21,8 @@ from radixcluster.router.api.router_client import DuplicateRequestId, RouterErro
 
 logger = logging.getLogger(__name__)
 
-# what a request whose client left while sending its body is logged with (nginx's "client closed
-# request"); nobody reads it
+# the status of a request whose client left while sending its body (nginx's "client closed
+# request"): nobody reads it, an access log shows it
 CLIENT_CLOSED = 499
 
 ERROR_TYPES = {
