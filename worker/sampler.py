@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixcluster.protocol import SamplingBatch
+from radixcluster.protocol import FLOAT32_MAX, SamplingBatch
 
 _MASK64 = (1 << 64) - 1
 # argmax_rows splits each row into blocks of the first of these sizes that divides it
@@ -109,7 +109,10 @@ def apply_penalties(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor
     rows = _tensor(rows_np, torch.int64, device)
     sub = logits.index_select(0, rows)
     rep = _tensor(params.repetition_penalty[rows_np], logits.dtype, device).unsqueeze(1)
-    sub = torch.where(repeated, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    # a penalty near 0 divides a positive logit past float32's range: inf would make the draw's
+    # softmax nan, so it stops at the largest float (the penalized tokens then tie, as in the limit)
+    boosted = (sub / rep).clamp(max=FLOAT32_MAX)
+    sub = torch.where(repeated, torch.where(sub > 0, boosted, sub * rep), sub)
     sub = sub - _tensor(params.frequency_penalty[rows_np], logits.dtype, device).unsqueeze(1) * counts
     sub = sub - _tensor(params.presence_penalty[rows_np], logits.dtype, device).unsqueeze(1) * seen
     return logits.index_copy(0, rows, sub)

@@ -266,6 +266,19 @@ def test_extreme_temperatures_sample_their_limits():
     assert set(drawn.tolist()) == allowed  # every allowed token, a 20-logit gap notwithstanding
 
 
+def test_a_repetition_penalty_near_zero_favours_the_seen_tokens_without_overflowing():
+    """A positive logit divided by a penalty of 1e-45 would be inf, and the draw's softmax nan
+    (token 0); the seen tokens with positive logits tie at float32's largest instead."""
+    logits = torch.randn(32, 200, generator=torch.Generator().manual_seed(6))
+    seen = [5, 17, 42, 99]
+    positive = {t for t in seen if logits[0, t] > 0}
+    assert positive and positive != set(seen)  # the seed gives both kinds
+    for temperature in (0.0, 1.0):
+        params = batch(32, [seen] * 32, seed=np.arange(32), temperature=temperature, repetition_penalty=1e-45)
+        drawn = sample(logits[:1].expand(32, -1), params, torch.zeros(32, dtype=torch.int64), None).next_token_ids
+        assert set(drawn.tolist()) <= positive and (temperature == 0 or len(set(drawn.tolist())) > 1)
+
+
 def test_logprobs_come_from_the_raw_logits():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
     mask = pack_mask([{5}, set(range(50)), set(range(50))], 50)
