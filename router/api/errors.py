@@ -112,6 +112,8 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
         msg = err.get("msg", "invalid value")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
+        elif err.get("type") == "value_error":
+            msg = msg.removeprefix("Value error, ")  # pydantic's prefix to our validators' own words
         part = f"{loc}: {msg}" if loc else msg
         if part not in parts:
             parts.append(part)

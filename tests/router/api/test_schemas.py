@@ -165,6 +165,11 @@ def test_union_member_names_stay_out_of_the_message() -> None:
     assert "constrained-int" not in message and "input_ids.1: Input should be less than or equal to" in message
 
 
+def test_our_validators_speak_without_pydantics_prefix() -> None:
+    assert refusal(CompletionIn, {"prompt": ""}) == "prompt must not be empty"
+    assert refusal(GenerateIn, {"text": ["a", "b"], "sampling_params": [{}]}) == "1 sampling_params for 2 prompts"
+
+
 @pytest.mark.parametrize(
     "model, body, message",
     [
