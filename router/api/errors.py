@@ -104,6 +104,9 @@ def validation_param(exc: ValidationError | RequestValidationError) -> str | Non
     return next((loc for loc in map(_location, _helpful(list(exc.errors()))) if loc), None)
 
 
+_BOUNDS = {"le": "less than or equal to", "ge": "greater than or equal to", "lt": "less than", "gt": "greater than"}
+
+
 def describe_validation_error(exc: ValidationError | RequestValidationError) -> str:
     """One line naming each offending field and what is wrong with it."""
     parts: list[str] = []
@@ -114,6 +117,9 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
             msg = "unknown field"
         elif err.get("type") == "value_error":
             msg = msg.removeprefix("Value error, ")  # pydantic's prefix to our validators' own words
+        bound = next(((k, v) for k, v in (err.get("ctx") or {}).items() if k in _BOUNDS and isinstance(v, float)), None)
+        if bound is not None:  # pydantic spells a float bound out in full: 3.4e38 in 39 digits
+            msg = f"Input should be {_BOUNDS[bound[0]]} {bound[1]:g}"
         part = f"{loc}: {msg}" if loc else msg
         if part not in parts:
             parts.append(part)

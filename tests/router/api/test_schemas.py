@@ -168,6 +168,8 @@ def test_union_member_names_stay_out_of_the_message() -> None:
 def test_our_validators_speak_without_pydantics_prefix() -> None:
     assert refusal(CompletionIn, {"prompt": ""}) == "prompt must not be empty"
     assert refusal(GenerateIn, {"text": ["a", "b"], "sampling_params": [{}]}) == "1 sampling_params for 2 prompts"
+    limit = "sampling_params.temperature: Input should be less than or equal to 3.40282e+38"
+    assert refusal(GenerateIn, sampling(temperature=1e39)) == limit
 
 
 @pytest.mark.parametrize(
