@@ -11,6 +11,7 @@ from radixcluster.gateway.config import (
     GatewayConfig,
     HealthTunables,
     RoutingTunables,
+    replica_url_problem,
 )
 from radixcluster.model_path import resolve_model_path
 from radixcluster.server_args import (
@@ -99,8 +100,8 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     if not ns.replica and not ns.discover:
         raise ValueError("give the replicas: --replica URL (repeated) or --discover HOST:PORT")
     for url in ns.replica:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--replica must be an http:// or https:// URL, got {url!r}")
+        if (problem := replica_url_problem(url)) is not None:
+            raise ValueError(f"--replica {url!r}: {problem}")
     if ns.discover and not ns.discover.rpartition(":")[2].isdigit():
         raise ValueError(f"--discover must be HOST:PORT, got {ns.discover!r}")
     if ns.shutdown_timeout < 0:

@@ -5,10 +5,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from radixcluster.router.api.context import DEFAULT_SHUTDOWN_TIMEOUT_S
 
 POLICIES = ("cache-aware", "round-robin")
+
+
+def replica_url_problem(url: str) -> str | None:
+    """What keeps ``url`` from being a replica's base URL (None: nothing): it is an http:// or
+    https:// URL with a host and, if any, a port in 1-65535."""
+    if not url.startswith(("http://", "https://")):
+        return "a replica is an http:// or https:// URL"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # an unclosed [IPv6 literal, a port out of range or not a number
+        return f"not a URL: {exc}"
+    if not parts.hostname:
+        return "the URL names no host"
+    if port == 0:
+        return "the URL's port must be in 1-65535"
+    return None
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from radixcluster.gateway.config import replica_url_problem
 from radixcluster.gateway.context import GatewayContext, available, each, failures, forward, passed_on
 from radixcluster.gateway.fast_path import GENERATION_ROUTES
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
@@ -131,8 +132,8 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
 
     @router.post("/replicas")
     async def add_replica(body: ReplicaIn) -> dict[str, Any]:
-        if not body.url.startswith(("http://", "https://")):
-            raise ApiError(400, f"a replica is an http:// or https:// URL, got {body.url!r}")
+        if (problem := replica_url_problem(body.url)) is not None:
+            raise ApiError(400, f"url {body.url!r}: {problem}")
         return ctx.replicas.add(body.url).describe()
 
     @router.delete("/replicas")

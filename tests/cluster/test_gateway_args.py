@@ -55,6 +55,10 @@ def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, mo
     [
         ((), "--replica URL"),
         (("--replica=10.0.0.7:30000",), "http://"),
+        (("--replica=http://[::1",), "not a URL"),
+        (("--replica=http://",), "no host"),
+        (("--replica=http://a:99999",), "not a URL"),
+        (("--replica=http://a:0",), "1-65535"),
         (("--discover=replicas.serving.svc",), "HOST:PORT"),
         (("--replica=http://a:1", "--min-overlap=2"), "--min-overlap"),
         (("--replica=http://a:1", "--health-interval=0"), "--health-interval"),

@@ -80,6 +80,9 @@ def test_replicas_are_added_and_removed_at_run_time(client) -> None:
     assert client.request("DELETE", "/replicas", json={"url": url}).json() == {"removed": url}
     assert "no replica" in error(client.request("DELETE", "/replicas", json={"url": url}), 404)
     assert "http://" in error(client.post("/replicas", json={"url": "ftp://x"}), 400)
+    for bad, words in (("http://[::1", "not a URL"), ("http://", "no host"), ("http://x:70000", "not a URL")):
+        assert words in error(client.post("/replicas", json={"url": bad}), 400)
+    assert len(client.get("/replicas").json()["replicas"]) == 1
 
 
 def test_tenants_keys_pass_the_admin_key_guards_cache_control_and_the_page_is_public(keyed) -> None:
