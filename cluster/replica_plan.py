@@ -66,6 +66,17 @@ def choose_dtype(requested: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
+def choose_context_length(requested: int | None, model_max: int) -> int:
+    """--context-length, or the model's; longer than the model was trained for is refused, as
+    SGLang and vLLM refuse it (its positions past that are garbage, and per-request page tables
+    would be sized for it)."""
+    if requested is None:
+        return model_max
+    if requested > model_max:
+        raise ValueError(f"--context-length {requested} exceeds the model's {model_max} (max_position_embeddings)")
+    return requested
+
+
 def choose_kv_cache_dtype(requested: str, dtype: str) -> str:
     """``auto`` is the model's dtype; an fp8 name (SGLang's) becomes torch's."""
     return dtype if requested == "auto" else FP8_KV_CACHE_DTYPES[requested]
@@ -267,7 +278,7 @@ def make_plan(args: ServerArgs) -> Plan:
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
         num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype]),
-        context_length=args.context_length or cfg.max_position_embeddings,
+        context_length=choose_context_length(args.context_length, cfg.max_position_embeddings),
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
         cpus=machine_cpus(args.tp_size),
         prepack_weights=prepack,

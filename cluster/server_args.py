@@ -102,6 +102,8 @@ class ServerArgs:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.context_length is not None and self.context_length < 1:
+            raise ValueError(f"--context-length must be >= 1, got {self.context_length}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.page_size:
             raise ValueError(f"--max-prefill-tokens must hold at least one page, got {self.max_prefill_tokens}")
         if self.random_seed is not None and not 0 <= self.random_seed < 2**63:

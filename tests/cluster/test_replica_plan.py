@@ -17,6 +17,7 @@ from radixcluster.replica_plan import (
     CpuPlan,
     cgroup_cpu_limit,
     cgroup_memory_limit,
+    choose_context_length,
     choose_dtype,
     choose_kv_cache_dtype,
     machine_cpus,
@@ -96,6 +97,13 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
     fp32 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB)
     bf16 = plan_kv_pages(ServerArgs(mem_fraction_static=0.5), cfg, "cpu", DTYPE_BYTES["bfloat16"], 8 * GIB)
     assert bf16 > 2 * fp32  # the weights shrink too
+
+
+def test_the_context_length_is_the_models_or_a_shorter_one(cfg):
+    assert choose_context_length(None, cfg.max_position_embeddings) == cfg.max_position_embeddings
+    assert choose_context_length(1024, cfg.max_position_embeddings) == 1024
+    with pytest.raises(ValueError, match="exceeds the model's 8192"):
+        choose_context_length(10**9, cfg.max_position_embeddings)  # it allocated 256 GB of page tables
 
 
 def test_the_kv_cache_is_the_models_dtype_unless_fp8_is_asked(cfg):

@@ -97,6 +97,8 @@ def test_kv_cache_dtype_takes_sglangs_names(capsys):
         (["--host", "192.0.2.1"], "not an address of this machine"),  # TEST-NET-1: never local
         (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
         (["--stream-interval", "0"], "--stream-interval"),
+        (["--context-length", "-5"], "--context-length must be >= 1"),
+        (["--context-length", "0"], "--context-length must be >= 1"),
         (["--max-prefill-tokens", "8", "--page-size", "16"], "--max-prefill-tokens must hold at least one page"),
         (["--random-seed", "-1"], "--random-seed"),
     ],
