@@ -143,6 +143,28 @@ def plan_kv_pages(
     return tokens // args.page_size
 
 
+def check_rank_memory(
+    args: ServerArgs,
+    cfg: ModelConfig,
+    device: str,
+    kv_dtype_bytes: int,
+    num_pages: int,
+    context_length: int,
+    memory_bytes: int,
+) -> None:
+    """Refuse, before anything starts, a KV pool and page tables that one rank's memory cannot
+    hold: --max-total-tokens and --max-running-requests are taken as given, and a few zeros too
+    many failed inside the ranks with an allocator's traceback."""
+    per_rank = memory_bytes / (1 if device == "cuda" else args.tp_size)
+    kv = num_pages * args.page_size * cfg.kv_bytes_per_token(args.tp_size, kv_dtype_bytes)
+    tables = args.max_running_requests * -(-context_length // args.page_size) * 4  # int32 page ids
+    if kv + tables > per_rank:
+        raise ValueError(
+            f"a rank's KV pool ({kv / 2**30:.1f} GiB: --max-total-tokens) and page tables ({tables / 2**30:.1f} GiB: "
+            f"--max-running-requests x --context-length / --page-size) exceed its {per_rank / 2**30:.1f} GiB of memory"
+        )
+
+
 def resolve_device(requested: str) -> str:
     import torch
 
@@ -270,6 +292,9 @@ def make_plan(args: ServerArgs) -> Plan:
     kv_cache_dtype = choose_kv_cache_dtype(args.kv_cache_dtype, dtype)
     memory = memory_bytes(device)
     prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
+    num_pages = plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype])
+    context_length = choose_context_length(args.context_length, cfg.max_position_embeddings)
+    check_rank_memory(args, cfg, device, DTYPE_BYTES[kv_cache_dtype], num_pages, context_length, memory)
     return Plan(
         model_path=path,
         model_config=cfg,
@@ -277,8 +302,8 @@ def make_plan(args: ServerArgs) -> Plan:
         device=device,
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
-        num_pages=plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype]),
-        context_length=choose_context_length(args.context_length, cfg.max_position_embeddings),
+        num_pages=num_pages,
+        context_length=context_length,
         runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
         cpus=machine_cpus(args.tp_size),
         prepack_weights=prepack,

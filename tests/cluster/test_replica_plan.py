@@ -17,6 +17,7 @@ from radixcluster.replica_plan import (
     CpuPlan,
     cgroup_cpu_limit,
     cgroup_memory_limit,
+    check_rank_memory,
     choose_context_length,
     choose_dtype,
     choose_kv_cache_dtype,
@@ -104,6 +105,16 @@ def test_the_context_length_is_the_models_or_a_shorter_one(cfg):
     assert choose_context_length(1024, cfg.max_position_embeddings) == 1024
     with pytest.raises(ValueError, match="exceeds the model's 8192"):
         choose_context_length(10**9, cfg.max_position_embeddings)  # it allocated 256 GB of page tables
+
+
+def test_a_pool_or_page_tables_beyond_a_ranks_memory_are_refused_before_anything_starts(cfg):
+    args = ServerArgs(max_running_requests=64)
+    check_rank_memory(args, cfg, "cpu", 4, 86_000, 8192, 8 * GIB)  # the default plan: 3.7 GiB + 2 MiB
+    with pytest.raises(ValueError, match=r"page tables \(30517.6 GiB"):
+        check_rank_memory(ServerArgs(max_running_requests=10**9), cfg, "cpu", 4, 86_000, 8192, 8 * GIB)
+    with pytest.raises(ValueError, match="exceed its 4.0 GiB"):  # two CPU ranks share the host's 8
+        check_rank_memory(ServerArgs(tp_size=2), cfg, "cpu", 4, 400_000, 8192, 8 * GIB)
+    check_rank_memory(ServerArgs(tp_size=2), cfg, "cuda", 4, 400_000, 8192, 8 * GIB)  # a GPU each: 5.7 GiB
 
 
 def test_the_kv_cache_is_the_models_dtype_unless_fp8_is_asked(cfg):
