@@ -7,6 +7,7 @@ import os
 
 from radixcluster.gateway.config import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
+    MAX_WAIT_S,
     POLICIES,
     GatewayConfig,
     HealthTunables,
@@ -104,8 +105,8 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
             raise ValueError(f"--replica {url!r}: {problem}")
     if ns.discover and not ns.discover.rpartition(":")[2].isdigit():
         raise ValueError(f"--discover must be HOST:PORT, got {ns.discover!r}")
-    if ns.shutdown_timeout < 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0, got {ns.shutdown_timeout}")
+    if not 0 <= ns.shutdown_timeout <= MAX_WAIT_S:
+        raise ValueError(f"--shutdown-timeout must be in [0, {MAX_WAIT_S:g}] s, got {ns.shutdown_timeout}")
     check_listen_address(ns.host, ns.port)
     api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
+from radixcluster.router.api.context import MAX_WAIT_S
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
 from radixcluster.router.tenant_quota import QUOTA_FIELDS, TenantQuota
@@ -126,10 +127,10 @@ class ServerArgs:
             raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if self.api_key_file is not None:
             load_tenant_keys(self.api_key_file)  # refused here, before anything starts
-        if self.shutdown_timeout < 0:
-            raise ValueError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
-        if self.step_timeout <= 0:
-            raise ValueError(f"--step-timeout must be > 0, got {self.step_timeout}")
+        if not 0 <= self.shutdown_timeout <= MAX_WAIT_S:
+            raise ValueError(f"--shutdown-timeout must be in [0, {MAX_WAIT_S:g}] s, got {self.shutdown_timeout}")
+        if not 0 < self.step_timeout <= MAX_WAIT_S:
+            raise ValueError(f"--step-timeout must be in (0, {MAX_WAIT_S:g}] s, got {self.step_timeout}")
         if self.max_worker_restarts < 0:
             raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
 

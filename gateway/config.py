@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from radixcluster.router.api.context import DEFAULT_SHUTDOWN_TIMEOUT_S
+from radixcluster.router.api.context import DEFAULT_SHUTDOWN_TIMEOUT_S, MAX_WAIT_S
 
 POLICIES = ("cache-aware", "round-robin")
 
@@ -60,8 +60,12 @@ class HealthTunables:
     breaker_cooldown_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.interval_s <= 0 or self.breaker_cooldown_s < 0 or self.breaker_failures < 1:
-            raise ValueError("--health-interval must be > 0, --breaker-failures >= 1, --breaker-cooldown >= 0")
+        if not (0 < self.interval_s <= MAX_WAIT_S and 0 <= self.breaker_cooldown_s <= MAX_WAIT_S):
+            raise ValueError(
+                f"--health-interval must be in (0, {MAX_WAIT_S:g}] s, --breaker-cooldown in [0, {MAX_WAIT_S:g}]"
+            )
+        if self.breaker_failures < 1:
+            raise ValueError("--breaker-failures must be >= 1")
 
 
 @dataclass(slots=True)

@@ -9,6 +9,9 @@ from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+# the longest wait a flag may set (timeouts, intervals): the event loop's and ZeroMQ's timers
+# count milliseconds in integers, and 1e308 s of them is inf
+MAX_WAIT_S = 7 * 24 * 3600.0
 
 
 @dataclass(slots=True)

@@ -98,6 +98,8 @@ def test_kv_cache_dtype_takes_sglangs_names(capsys):
         (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
         (["--stream-interval", "0"], "--stream-interval"),
         (["--context-length", "-5"], "--context-length must be >= 1"),
+        (["--step-timeout", "1e308"], "--step-timeout must be in"),  # every step failed: inf ms
+        (["--shutdown-timeout", "1e308"], "--shutdown-timeout must be in"),  # SIGTERM hung
         (["--context-length", "0"], "--context-length must be >= 1"),
         (["--max-prefill-tokens", "8", "--page-size", "16"], "--max-prefill-tokens must hold at least one page"),
         (["--random-seed", "-1"], "--random-seed"),
