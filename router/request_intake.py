@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from radixcluster.block_hash import ForgedSalt, tenant_salt
-from radixcluster.protocol import INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin, PromptTokens
+from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin, PromptTokens
 from radixcluster.router.request import Request
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
@@ -82,6 +82,7 @@ class RequestIntake:
         """The scheduler's request (without its grammar) and the prompt's text (for the memo once
         it finishes)."""
         _check_integers(msg)
+        _check_floats(msg)
         sampling = msg.sampling
         text, ids = self.prompt(msg)
         ids = ids.reshape(-1)
@@ -165,6 +166,24 @@ def _check_biases(values: list[float]) -> None:
         finite = False
     if not finite:
         raise RequestRejected("logit_bias values must be finite numbers")
+
+
+def _check_floats(msg: GenerateRequest) -> None:
+    """The sampling floats' ranges, as the api's schemas hold them (nan is in none): a message
+    from any other client (the offline ``generate``) must not sample from a negative temperature
+    as if it were greedy."""
+    s = msg.sampling
+    ranges = {  # name: value, low, high, whether low itself is allowed
+        "temperature": (s.temperature, 0.0, FLOAT32_MAX, True),
+        "top_p": (s.top_p, 0.0, 1.0, False),
+        "min_p": (s.min_p, 0.0, 1.0, True),
+        "frequency_penalty": (s.frequency_penalty, -2.0, 2.0, True),
+        "presence_penalty": (s.presence_penalty, -2.0, 2.0, True),
+        "repetition_penalty": (s.repetition_penalty, 0.0, 2.0, False),
+    }
+    for name, (value, low, high, closed) in ranges.items():
+        if not ((low <= value) if closed else (low < value)) or not value <= high:
+            raise RequestRejected(f"{name} must be within {'[' if closed else '('}{low:g}, {high:g}], got {value}")
 
 
 def _check_integers(msg: GenerateRequest) -> None:

@@ -59,3 +59,20 @@ def test_a_default_limit_gives_way_to_the_room_the_prompt_leaves(model_path) -> 
     assert short.sampling.max_new_tokens == 4  # room enough: the default stands
     with pytest.raises(RequestRejected, match=r"\+ max_new_tokens \(512\)"):
         intake.make_request(request(512, is_default=False))  # a limit the client set is refused as before
+
+
+@pytest.mark.parametrize(
+    "sampling, why",
+    [
+        ({"temperature": -1.0}, r"temperature must be within \[0, 3.40282e\+38\], got -1.0"),
+        ({"temperature": float("nan")}, "temperature must be within"),
+        ({"temperature": 1e39}, "temperature must be within"),
+        ({"top_p": 0.0}, r"top_p must be within \(0, 1\]"),
+        ({"min_p": 1.5}, "min_p must be within"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty must be within"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be within"),
+    ],
+)
+def test_sampling_floats_the_api_would_refuse_are_refused_here_too(intake: RequestIntake, sampling, why) -> None:
+    with pytest.raises(RequestRejected, match=why):
+        intake.make_request(generate(**sampling))
