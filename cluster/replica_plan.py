@@ -147,21 +147,24 @@ def check_rank_memory(
     args: ServerArgs,
     cfg: ModelConfig,
     device: str,
+    dtype_bytes: int,
     kv_dtype_bytes: int,
     num_pages: int,
     context_length: int,
     memory_bytes: int,
 ) -> None:
     """Refuse, before anything starts, a KV pool and page tables that one rank's memory cannot
-    hold: --max-total-tokens and --max-running-requests are taken as given, and a few zeros too
-    many failed inside the ranks with an allocator's traceback."""
+    hold beside its weights: --max-total-tokens and --max-running-requests are taken as given,
+    and a few zeros too many failed inside the ranks with an allocator's traceback."""
     per_rank = memory_bytes / (1 if device == "cuda" else args.tp_size)
+    weights = weight_bytes(cfg, dtype_bytes) / args.tp_size
     kv = num_pages * args.page_size * cfg.kv_bytes_per_token(args.tp_size, kv_dtype_bytes)
     tables = args.max_running_requests * -(-context_length // args.page_size) * 4  # int32 page ids
-    if kv + tables > per_rank:
+    if weights + kv + tables > per_rank:
         raise ValueError(
-            f"a rank's KV pool ({kv / 2**30:.1f} GiB: --max-total-tokens) and page tables ({tables / 2**30:.1f} GiB: "
-            f"--max-running-requests x --context-length / --page-size) exceed its {per_rank / 2**30:.1f} GiB of memory"
+            f"a rank's weights ({weights / 2**30:.1f} GiB), KV pool ({kv / 2**30:.1f} GiB: --max-total-tokens) and "
+            f"page tables ({tables / 2**30:.1f} GiB: --max-running-requests x --context-length / --page-size) "
+            f"exceed its {per_rank / 2**30:.1f} GiB of memory"
         )
 
 
@@ -294,7 +297,9 @@ def make_plan(args: ServerArgs) -> Plan:
     prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     num_pages = plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype])
     context_length = choose_context_length(args.context_length, cfg.max_position_embeddings)
-    check_rank_memory(args, cfg, device, DTYPE_BYTES[kv_cache_dtype], num_pages, context_length, memory)
+    check_rank_memory(
+        args, cfg, device, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_cache_dtype], num_pages, context_length, memory
+    )
     return Plan(
         model_path=path,
         model_config=cfg,

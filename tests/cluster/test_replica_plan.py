@@ -109,12 +109,14 @@ def test_the_context_length_is_the_models_or_a_shorter_one(cfg):
 
 def test_a_pool_or_page_tables_beyond_a_ranks_memory_are_refused_before_anything_starts(cfg):
     args = ServerArgs(max_running_requests=64)
-    check_rank_memory(args, cfg, "cpu", 4, 86_000, 8192, 8 * GIB)  # the default plan: 3.7 GiB + 2 MiB
+    check_rank_memory(args, cfg, "cpu", 4, 4, 86_000, 8192, 8 * GIB)  # the default plan: 0.5 + 3.7 GiB + 2 MiB
     with pytest.raises(ValueError, match=r"page tables \(30517.6 GiB"):
-        check_rank_memory(ServerArgs(max_running_requests=10**9), cfg, "cpu", 4, 86_000, 8192, 8 * GIB)
+        check_rank_memory(ServerArgs(max_running_requests=10**9), cfg, "cpu", 4, 4, 86_000, 8192, 8 * GIB)
+    with pytest.raises(ValueError, match=r"weights \(0.5 GiB\), KV pool \(7.7 GiB"):  # 7.7 alone would fit in 8
+        check_rank_memory(args, cfg, "cpu", 4, 4, 180_000, 8192, 8 * GIB)
     with pytest.raises(ValueError, match="exceed its 4.0 GiB"):  # two CPU ranks share the host's 8
-        check_rank_memory(ServerArgs(tp_size=2), cfg, "cpu", 4, 400_000, 8192, 8 * GIB)
-    check_rank_memory(ServerArgs(tp_size=2), cfg, "cuda", 4, 400_000, 8192, 8 * GIB)  # a GPU each: 5.7 GiB
+        check_rank_memory(ServerArgs(tp_size=2), cfg, "cpu", 4, 4, 400_000, 8192, 8 * GIB)
+    check_rank_memory(ServerArgs(tp_size=2), cfg, "cuda", 4, 4, 400_000, 8192, 8 * GIB)  # a GPU each: 5.7 GiB
 
 
 def test_the_kv_cache_is_the_models_dtype_unless_fp8_is_asked(cfg):
