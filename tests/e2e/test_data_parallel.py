@@ -32,7 +32,9 @@ pytestmark = pytest.mark.slow
 DP_FLAGS = ("--dp-size", "2", "--page-size", "16", "--max-total-tokens", "4096")
 TENANTS, PER_TENANT, PREFIX, QUESTION, OUTPUT = 8, 4, 96, 16, 2
 LONG_REQUEST_S = 600  # a replica's requests, rerun on the other after it dies, on a loaded machine
-MAX_UNDER_LOAD = 12  # requests the kill test keeps in flight until both replicas run one
+# requests the kill test keeps in flight until both replicas run one: at least the first, at
+# most the second
+MIN_UNDER_LOAD, MAX_UNDER_LOAD = 4, 12
 API_KEY, ADMIN_KEY = "dp-api-key", "dp-admin-key"
 TENANT_KEYS = {"dp-alpha-key": "alpha", "dp-beta-key": "beta"}
 
@@ -180,16 +182,18 @@ def test_a_replica_killed_under_load_is_routed_around_and_rejoins(cluster) -> No
 
         def both_run_requests() -> bool:
             # the gateway places by load, and a replica whose health polls time out on a loaded
-            # machine is out for a while: one more request every few seconds, replacing those
-            # that finished, until both run one
+            # machine is out for a while: a request that finishes is replaced at once (one at a
+            # time went to whichever replica was idle, and the two never ran together), and one
+            # more joins every few seconds, until both run one
             nonlocal next_at
             if all(r["inflight_requests"] for r in replicas(cluster).values()):
                 return True
-            if sum(not a.done() for a in answers) < MAX_UNDER_LOAD and time.monotonic() >= next_at:
-                fresh = 4 if not answers else 1
-                for i in range(len(answers), len(answers) + fresh):
-                    answers.append(pool.submit(ask, f"Request {i} of a batch under load: " + "tell a long story " * 8))
-                next_at = time.monotonic() + 5
+            running = sum(not a.done() for a in answers)
+            fresh = max(MIN_UNDER_LOAD - running, 0)
+            if not fresh and running < MAX_UNDER_LOAD and time.monotonic() >= next_at:
+                fresh, next_at = 1, time.monotonic() + 5
+            for i in range(len(answers), len(answers) + fresh):
+                answers.append(pool.submit(ask, f"Request {i} of a batch under load: " + "tell a long story " * 8))
             return False
 
         def placements() -> str:
