@@ -30,7 +30,6 @@ class _Stream:
     sent_ids: int = 0
     sent_logprobs: int = 0
     sent_input_logprobs: bool = False
-    emitted: bool = False  # an output went to the api
     # the deltas not sent yet: a non-streaming request's until it finishes, a streaming one's
     # until its stream interval's tokens are in
     held: RequestOutput | None = None
@@ -114,11 +113,11 @@ class OutputStreams:
                 out.finished, out.finish_reason = True, req.finish_reason
                 if not stopped:
                     self._remember(stream)
-            if out.finished or (
-                stream.stream and len(out.output_ids) >= (self.stream_interval if stream.emitted else 1)
-            ):
+            # the held delta holds every id sent so far when none went to the api yet
+            first = len(out.output_ids) == stream.sent_ids
+            if out.finished or (stream.stream and len(out.output_ids) >= (1 if first else self.stream_interval)):
                 outputs.append(out)
-                stream.held, stream.emitted = None, True
+                stream.held = None
         return outputs
 
     def _delta(self, stream: _Stream, text: str) -> RequestOutput:
