@@ -72,6 +72,7 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    stream_interval: int | None = None  # a streaming request's own (SGLang's field); None: the server's
     # max_new_tokens is the api's default, not the client's: the router lowers it to the room
     # the context and the KV pool leave after the prompt (as vLLM does), rather than refusing
     max_new_tokens_is_default: bool = False

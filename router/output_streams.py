@@ -1,6 +1,6 @@
 """What each request sends back to the api: incremental text, stop strings, token counts and
 logprobs, as RequestOutput deltas (when streaming: its first token at once, then every
-``stream_interval`` tokens; otherwise once at the end)."""
+``stream_interval`` tokens, the request's own or the server's; otherwise once at the end)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from radixcluster.router.text.tokenizer import Tokenizer
 class _Stream:
     request: Request
     stream: bool
+    interval: int  # a streaming request's tokens per output after its first
     detok: IncrementalDetokenizer
     stops: StopChecker
     regexes: RegexStopChecker
@@ -62,6 +63,7 @@ class OutputStreams:
         self._streams[msg.rid] = _Stream(
             request=request,
             stream=msg.stream,
+            interval=s.stream_interval or self.stream_interval,
             detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens, s.spaces_between_special_tokens),
             stops=StopChecker(s.stop, s.no_stop_trim),
             regexes=RegexStopChecker(s.stop_regex),
@@ -115,7 +117,7 @@ class OutputStreams:
                     self._remember(stream)
             # the held delta holds every id sent so far when none went to the api yet
             first = len(out.output_ids) == stream.sent_ids
-            if out.finished or (stream.stream and len(out.output_ids) >= (1 if first else self.stream_interval)):
+            if out.finished or (stream.stream and len(out.output_ids) >= (1 if first else stream.interval)):
                 outputs.append(out)
                 stream.held = None
         return outputs

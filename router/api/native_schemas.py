@@ -135,7 +135,6 @@ class SamplingParamsIn(BaseModel):
     json_schema: Grammar = None
     ebnf: Grammar = None
     logit_bias: LogitBias = None
-    # we stream every step: how often SGLang would send a chunk changes nothing here
     stream_interval: int | None = Field(None, ge=1, le=INT32_MAX)
 
     @model_validator(mode="before")
@@ -210,6 +209,7 @@ class SamplingParamsIn(BaseModel):
             json_schema=self.json_schema,
             ebnf=self.ebnf,
             logit_bias=dict(self.logit_bias or {}),
+            stream_interval=self.stream_interval,
         )
 
 

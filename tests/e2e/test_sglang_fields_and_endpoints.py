@@ -159,7 +159,8 @@ def test_openai_endpoints_refuse_sglang_extensions_we_do_not_implement(server, p
 def test_sglangs_serving_flags_work_as_pasted():
     """An SGLang command line: metrics, torch.compile, CUDA-graph and watchdog flags accepted, a
     prefill cap below the chunk size, SGLang's name of the CPU attention backend, and
-    --stream-interval 4: a stream gets its first token at once, then four at a time."""
+    --stream-interval 4: a stream gets its first token at once, then four at a time (three for a
+    request that asks for its own stream_interval)."""
     flags = (
         "--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --watchdog-timeout 300 "
         "--max-prefill-tokens 1024 --attention-backend intel_amx --stream-interval 4 --random-seed 42"
@@ -172,6 +173,9 @@ def test_sglangs_serving_flags_work_as_pasted():
             assert resp.status_code == 200
             chunks = sse_events(resp)[:-1]
         assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9, 10]
+        own = {**body, "sampling_params": {**body["sampling_params"], "stream_interval": 3}}
+        with post(handle, "/generate", {**own, "stream": True}, stream=True) as resp:
+            assert [len(c["output_ids"]) for c in sse_events(resp)[:-1]] == [1, 4, 7, 10]
         whole = generate(handle, PROMPT, max_new_tokens=10, sampling_params={"ignore_eos": True})
         assert (chunks[-1]["output_ids"], chunks[-1]["text"]) == (whole["output_ids"], whole["text"])
         assert get(handle, "/metrics").status_code == 200

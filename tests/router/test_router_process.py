@@ -129,13 +129,17 @@ def test_stream_deltas_concatenate_to_the_whole_and_a_stop_string_trims(router, 
 
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
     """--stream-interval 4: a streaming request's outputs carry 1, 4, 4, ... tokens and the
-    rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged."""
+    rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged;
+    a request's own stream_interval overrides the server's (SGLang's sampling field)."""
     interval = Router(router_config(model_path, stream_interval=4))
     sampling = {"max_new_tokens": 11, "ignore_eos": True}
     prompt = "Write the numbers from one to twenty in words:"
-    (every,) = run(
-        Router(router_config(model_path)), runner, request(prompt, stream=True, sampling=dict(sampling))
-    ).values()
+    default = Router(router_config(model_path))
+    (every,) = run(default, runner, request(prompt, stream=True, sampling=dict(sampling))).values()
+    (own,) = run(default, runner, request(prompt, stream=True, sampling={**sampling, "stream_interval": 3})).values()
+    assert [len(d.output_ids) for d in own] == [1, 3, 3, 3, 1]
+    (lower,) = run(interval, runner, request(prompt, stream=True, sampling={**sampling, "stream_interval": 1})).values()
+    assert [len(d.output_ids) for d in lower] == [1] * 11
     (grouped,) = run(interval, runner, request(prompt, stream=True, sampling=dict(sampling))).values()
     ids = [t for d in every for t in d.output_ids]
     assert [len(d.output_ids) for d in every] == [1] * 11
