@@ -115,6 +115,7 @@ class GenerateRequest:
     messages: list[dict[str, Any]] | None = None
     # the chat's text ends inside its last message (an assistant's, mostly), which the model continues
     continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None  # the chat's tools, which its template may write
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0

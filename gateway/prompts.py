@@ -111,10 +111,14 @@ class PromptReader:
         return json.dumps({"tokenizer": self.tokenizer.fingerprint, "prompts": packed}).encode()
 
     def _encode(
-        self, text: str | None = None, messages: list[dict[str, Any]] | None = None, continue_final: bool = False
+        self,
+        text: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        continue_final: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> np.ndarray:
         try:
-            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final)
+            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final, tools)
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return np.asarray(self._encoder.encode(rendered, add_special), dtype=np.int64)
@@ -159,7 +163,8 @@ class PromptReader:
             prompts = [_prompt(ids, cache_namespace(response.cache_salt, response.extra_key))]
             return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
         chat = ChatCompletionIn.model_validate(body)
-        ids = self._encode(messages=[m.as_dict() for m in chat.messages], continue_final=chat.continue_final_message)
+        messages = [m.as_dict() for m in chat.messages]
+        ids = self._encode(messages=messages, continue_final=chat.continue_final_message, tools=chat.template_tools())
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])
         return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

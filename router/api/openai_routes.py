@@ -31,6 +31,7 @@ from radixcluster.router.api.generation import (
 )
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
+from radixcluster.router.api.tool_calls import read_tool_calls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 _UNFINISHED = {"finish_reason": None, "matched_stop": None}
@@ -44,6 +45,19 @@ def finish(gen: Generation) -> dict[str, Any]:
         return _UNFINISHED
     matched = gen.finish_reason.get("matched") if kind == "stop" and gen.finish_reason else None
     return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched}
+
+
+def chat_answer(gen: Generation, body: ChatCompletionIn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished chat choice's message fields and finish fields. A forced tool call's output
+    becomes ``tool_calls`` (finish reason "tool_calls" for "required"; "stop" for a named
+    function, as OpenAI answers both), or stays text when it was cut short and does not parse."""
+    calls = read_tool_calls(gen.text, body.tool_choice) if body.forces_tool_call else None
+    if calls is None:
+        return {"content": gen.text}, finish(gen)
+    ended = finish(gen)
+    if body.tool_choice == "required":
+        ended = {**ended, "finish_reason": "tool_calls"}
+    return {"content": None, "tool_calls": calls}, ended
 
 
 def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
@@ -182,20 +196,29 @@ async def _chat_chunks(
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
 
     def chunk(
-        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, ended: Generation | None = None
+        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
     ) -> dict[str, Any]:
-        reason = finish(ended) if ended is not None else _UNFINISHED
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, **reason}]}
 
     async for index, gen in merge(streams):
         if latest[index] is None:
             yield chunk(index, {"role": "assistant", "content": ""})
         latest[index] = gen
+        if body.forces_tool_call:  # held until it ends, then sent whole: its text is JSON, not an answer
+            if gen.finished:
+                message, ended = chat_answer(gen, body)
+                calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls", []))]
+                delta = {"tool_calls": calls} if calls else {"content": message["content"]}
+                yield chunk(
+                    index, delta, chat_logprobs(gen.output_logprobs, gen.token_texts) if body.logprobs else None
+                )
+                yield chunk(index, {}, reason=ended)
+            continue
         if gen.new_text or gen.new_output_logprobs:
             logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
             yield chunk(index, {"content": gen.new_text}, logprobs)
         if gen.finished:
-            yield chunk(index, {}, ended=gen)
+            yield chunk(index, {}, reason=finish(gen))
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
@@ -265,22 +288,22 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         inputs = [
-            {"messages": [m.as_dict() for m in body.messages], "continue_final_message": body.continue_final_message}
+            {
+                "messages": [m.as_dict() for m in body.messages],
+                "continue_final_message": body.continue_final_message,
+                "tools": body.template_tools(),
+            }
         ]
         streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
             return await start_stream(request, _chat_chunks(streams, body, head))
         gens = await collect(request, streams)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": g.text},
-                "logprobs": chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None,
-                **finish(g),
-            }
-            for i, g in enumerate(gens)
-        ]
+        choices = []
+        for i, g in enumerate(gens):
+            message, ended = chat_answer(g, body)
+            logprobs = chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None
+            choices.append({"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended})
         return JSONResponse(
             {**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body)}
         )

@@ -12,6 +12,7 @@ from radixcluster.protocol import PromptPin
 from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
+    MAX_GRAMMAR_CHARS,
     UNSUPPORTED_REQUEST,
     Deadline,
     Grammar,
@@ -23,6 +24,14 @@ from radixcluster.router.api.native_schemas import (
     check_generations,
     drop_unsupported,
     id_prompts,
+)
+from radixcluster.router.api.tool_calls import (
+    MAX_TOOLS,
+    ToolChoice,
+    ToolIn,
+    forced_name,
+    template_tool_calls,
+    tool_call_schema,
 )
 
 # OpenAI's chat has no default cap; a bounded one keeps a forgotten max_tokens from running
@@ -49,6 +58,9 @@ _EXTRA_SAMPLING = (
     "logit_bias",
 )
 
+
+# the fields that constrain an answer (beside response_format), which a forced tool call's own schema excludes
+_CONSTRAINTS = ("structured_outputs", "regex", "json_schema", "ebnf")
 
 # OpenAI fields that change what a request does and that this server does not implement: a
 # silently ignored one would answer another question than the one asked (null and empty pass).
@@ -261,6 +273,10 @@ class ChatMessageIn(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
+    # an assistant's calls and a tool's answer to one, for templates that write them
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessageIn:
@@ -279,7 +295,11 @@ class ChatMessageIn(BaseModel):
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            message["tool_calls"] = template_tool_calls(self.tool_calls)
+        extra = {"tool_call_id": self.tool_call_id, "name": self.name}
+        return message | {key: value for key, value in extra.items() if value is not None}
 
 
 class ChatCompletionIn(OpenAIRequest):
@@ -294,6 +314,9 @@ class ChatCompletionIn(OpenAIRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # SGLang's and vLLM's: the answer goes on from the last message (an assistant's), unclosed
     continue_final_message: bool = False
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionIn:
@@ -301,11 +324,56 @@ class ChatCompletionIn(OpenAIRequest):
             self.gateway_tokens.check_count(1)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
+        self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            raise ValueError("tools: each function needs a name of its own")
+        choice = self.tool_choice or ("auto" if names else "none")
+        if choice != "none" and not names:
+            raise ValueError("tool_choice needs tools")
+        if choice == "auto":
+            raise ValueError(
+                'tool_choice "auto" (the default with tools) needs a tool-call parser, which this server '
+                'does not have: send tool_choice "required" or {"type": "function", "function": {"name": ...}} '
+                'to have the call generated under the tools\' JSON schema, or "none"'
+            )
+        forced = forced_name(self.tool_choice)
+        if forced is not None and forced not in names:
+            raise ValueError(f"tool_choice names the function {forced!r}, which is not among the tools {names}")
+        schema = self.tool_schema()
+        if schema is None:
+            return
+        if len(schema) > MAX_GRAMMAR_CHARS:
+            raise ValueError(
+                f"tools: their calls' JSON schema is {len(schema)} characters, at most {MAX_GRAMMAR_CHARS}"
+            )
+        constraints = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.grammar() is not None:
+            constraints.append("response_format")
+        if constraints:
+            raise ValueError(f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}")
+
+    def tool_schema(self) -> str | None:
+        """The JSON schema a forced tool call is generated under; None when no call is forced."""
+        schema = tool_call_schema(self.tools or [], self.tool_choice, self.parallel_tool_calls)
+        return None if schema is None else json.dumps(schema)
+
+    @property
+    def forces_tool_call(self) -> bool:
+        return self.tool_choice == "required" or forced_name(self.tool_choice) is not None
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template is given them."""
+        return [t.as_dict() for t in self.tools] if self.tools else None
 
     def sampling(self) -> SamplingParamsIn:
         limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
-        return self._sampling(limit)
+        sampling = self._sampling(limit)
+        schema = self.tool_schema()
+        return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
 
     def pins(self) -> list[PromptPin]:
         marked = [(i, m.marker()) for i, m in enumerate(self.messages)]

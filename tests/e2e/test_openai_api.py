@@ -161,6 +161,67 @@ def test_chat_json_schema_response_format(client, model):
     assert json.loads(choice.message.content)["answer"] in ("yes", "no")
 
 
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+def test_a_forced_tool_call_comes_back_as_tool_calls(client, model):
+    """tool_choice "required" or a named function (vLLM's way: generated under the tools' JSON
+    schema): the SDK reads tool_calls whose arguments parse, streamed or not; then the tool's
+    answer goes back into the chat."""
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    ask = {"model": model, "messages": messages, "tools": WEATHER_TOOLS, "temperature": 0, "max_tokens": 96}
+    choice = client.chat.completions.create(**ask, tool_choice=named).choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None  # OpenAI's finish for a named call
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    required = client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False).choices[0]
+    assert required.finish_reason == "tool_calls" and len(required.message.tool_calls) == 1
+    assert required.message.tool_calls[0].function.name in ("get_weather", "get_time")
+    json.loads(required.message.tool_calls[0].function.arguments)
+    chunks = list(client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False, stream=True))
+    streamed = [c for chunk in chunks for c in chunk.choices[0].delta.tool_calls or []]
+    assert [c.function.name for c in streamed] == [required.message.tool_calls[0].function.name]
+    assert json.loads(streamed[0].function.arguments) == json.loads(required.message.tool_calls[0].function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    answered = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    reply = client.chat.completions.create(
+        model=model, messages=answered, tools=WEATHER_TOOLS, tool_choice="none", temperature=0, max_tokens=16
+    )
+    assert reply.choices[0].message.content and reply.choices[0].message.tool_calls is None
+
+
+def test_tool_calls_cut_short_stay_text_and_auto_is_refused(client, model):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    cut = client.chat.completions.create(
+        model=model, messages=messages, tools=WEATHER_TOOLS, tool_choice=named, temperature=0, max_tokens=3
+    ).choices[0]
+    assert cut.finish_reason == "length" and cut.message.tool_calls is None and cut.message.content.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="needs a tool-call parser"):
+        client.chat.completions.create(model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=4)
+
+
 def test_chat_continues_the_final_assistant_message(server, client, model, model_path):
     """continue_final_message (SGLang's and vLLM's): the prompt ends inside the assistant's
     message, as the native API answers that text."""

@@ -4,6 +4,7 @@ bad body is refused as the replica would refuse it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -18,6 +19,7 @@ from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.request_intake import RequestIntake
 from radixcluster.router.text.tokenizer import load_tokenizer
+from support.tool_template import TOOL_TEMPLATE
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,16 @@ def test_texts_and_chats_tokenize_as_the_router_does(reader, tokenizer) -> None:
     assert going_on.ids.tolist() != router_ids(tokenizer, messages=answered)
     completion = reader.read(COMPLETIONS, {"prompt": [[1, 2, 3], [4, 5]], "n": 2})
     assert [p.ids.tolist() for p in completion.prompts] == [[1, 2, 3], [1, 2, 3], [4, 5], [4, 5]]
+
+
+def test_a_chats_tools_reach_its_template_as_they_reach_the_routers(tokenizer) -> None:
+    tool_tokenizer = dataclasses.replace(tokenizer, chat_template=TOOL_TEMPLATE)
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    messages = [{"role": "user", "content": "What time is it?"}]
+    body = {"messages": messages, "tools": tools, "tool_choice": "required"}
+    (prompt,) = PromptReader(tool_tokenizer).read(CHAT, body).prompts
+    assert prompt.ids.tolist() == router_ids(tool_tokenizer, messages=messages, tools=tools)
+    assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages)
 
 
 def replica_sees(kind: str, routed, body: dict) -> list[GenerateRequest]:

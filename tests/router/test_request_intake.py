@@ -3,11 +3,14 @@ schemas (any client of the router's socket): with the real SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.protocol import GenerateRequest, PromptPin, SamplingParams
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.text.tokenizer import load_tokenizer
+from support.tool_template import TOOL_TEMPLATE
 
 VOCAB = 49152  # SmolLM2's logits
 
@@ -76,3 +79,20 @@ def test_a_default_limit_gives_way_to_the_room_the_prompt_leaves(model_path) -> 
 def test_sampling_floats_the_api_would_refuse_are_refused_here_too(intake: RequestIntake, sampling, why) -> None:
     with pytest.raises(RequestRejected, match=why):
         intake.make_request(generate(**sampling))
+
+
+def test_a_pinned_message_of_a_chat_with_tools_is_a_prefix_of_its_prompt(model_path) -> None:
+    """The pin's prefix is rendered with the chat's tools, as the prompt is (a template that
+    writes them first would otherwise pin ids the prompt does not start with)."""
+    tokenizer = dataclasses.replace(load_tokenizer(model_path), chat_template=TOOL_TEMPLATE)
+    intake = RequestIntake(tokenizer, VOCAB, context_length=8192, pool_tokens=100_000)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What time is it?"}]
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    msg = GenerateRequest(
+        rid="r", sampling=SamplingParams(max_new_tokens=4), messages=messages, tools=tools, pins=[PromptPin(60.0, 1)]
+    )
+    request, text = intake.make_request(msg)
+    ((pinned, ttl),) = request.pins
+    assert text.startswith("<|im_start|>system\nTools:\n") and ttl == 60.0
+    assert 0 < pinned.size < request.prompt_ids.size
+    assert request.prompt_ids[: pinned.size].tolist() == pinned.tolist()

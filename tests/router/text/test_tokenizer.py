@@ -12,8 +12,10 @@ from gguf import GGUFValueType as T
 from gguf import GGUFWriter
 
 from radixcluster.model_path import ModelPathError
+from radixcluster.router.text.chat_template import render_chat_template
 from radixcluster.router.text.detokenizer import IncrementalDetokenizer
 from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
+from support.tool_template import TOOL_TEMPLATE
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -88,6 +90,21 @@ def test_chat_template_matches_transformers(tokenizer: Tokenizer, hf_tokenizer, 
     assert tokenizer.apply_chat_template(messages) == expected
     no_prompt = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     assert tokenizer.apply_chat_template(messages, add_generation_prompt=False) == no_prompt
+
+
+def test_tools_and_tool_calls_are_rendered_as_transformers_renders_them(tokenizer: Tokenizer, hf_tokenizer) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "巴黎"}}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 degrees"},
+    ]
+    expected = hf_tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=TOOL_TEMPLATE, tokenize=False, add_generation_prompt=True
+    )
+    assert render_chat_template(TOOL_TEMPLATE, messages, True, tools, tokenizer.template_tokens) == expected
+    assert '"arguments": {"city": "巴黎"}' in expected and '{"name": "get_weather"' in expected
 
 
 @pytest.mark.parametrize(

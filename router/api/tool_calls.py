@@ -1,0 +1,118 @@
+"""OpenAI's tools on the chat endpoint: a forced tool call (``tool_choice`` "required" or a named
+function) is generated under the JSON schema of the tools' parameters, as vLLM generates it,
+then read back into ``tool_calls``. Any model can make one; how good its arguments are depends
+on whether its chat template shows it the tools."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOOLS = 128  # OpenAI's bound
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
+# the schema of a function that declares no parameters
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionIn
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tool as chat templates read it (transformers' ``tools`` argument)."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
+
+class FunctionName(BaseModel):
+    name: ToolName
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+def forced_name(choice: ToolChoice | None) -> str | None:
+    return choice.function.name if isinstance(choice, NamedToolChoice) else None
+
+
+def tool_call_schema(tools: list[ToolIn], choice: ToolChoice | None, parallel: bool) -> dict[str, Any] | None:
+    """The JSON schema a forced call is generated under (None when no call is forced): a named
+    function's parameters, or for "required" a list of ``{"name", "parameters"}`` objects, one
+    of the tools each (at most one unless ``parallel``)."""
+    name = forced_name(choice)
+    if name is not None:
+        return next(t.function.parameters or NO_PARAMETERS for t in tools if t.function.name == name)
+    if choice != "required":
+        return None
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                "parameters": t.function.parameters or NO_PARAMETERS,
+            },
+            "required": ["name", "parameters"],
+        }
+        for t in tools
+    ]
+    listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    return listed if parallel else {**listed, "maxItems": 1}
+
+
+def read_tool_calls(text: str, choice: ToolChoice | None) -> list[dict[str, Any]] | None:
+    """The ``tool_calls`` of a forced call's output, None when it does not parse (the generation
+    was cut short: max_tokens, a stop string, an abort)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    name = forced_name(choice)
+    if name is not None:
+        return [_call(name, text.strip())] if isinstance(value, dict) else None
+    if not isinstance(value, list) or not all(
+        isinstance(c, dict) and {"name", "parameters"} <= c.keys() for c in value
+    ):
+        return None
+    return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assistant message's earlier ``tool_calls`` as chat templates read them: each function's
+    ``arguments`` a mapping (as transformers documents it), not OpenAI's JSON text."""
+    read = []
+    for call in calls:
+        function = call.get("function")
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                arguments = json.loads(function["arguments"])
+            except json.JSONDecodeError:
+                arguments = function["arguments"]
+            call = {**call, "function": {**function, "arguments": arguments}}
+        read.append(call)
+    return read

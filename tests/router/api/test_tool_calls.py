@@ -1,0 +1,146 @@
+"""Forced tool calls: the schema they are generated under (compiled by the router's real grammar
+compiler), how their output reads back into ``tool_calls``, and what the chat template is given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixcluster.protocol import SamplingParams
+from radixcluster.router.api.errors import describe_validation_error
+from radixcluster.router.api.openai_schemas import ChatCompletionIn
+from radixcluster.router.api.tool_calls import read_tool_calls, template_tool_calls
+from radixcluster.router.grammar import GrammarCache
+from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "now"}},  # no parameters
+]
+CHAT = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def chat(**fields) -> ChatCompletionIn:
+    return ChatCompletionIn.model_validate({"messages": CHAT, "tools": TOOLS, **fields})
+
+
+def refusal(**fields) -> str:
+    with pytest.raises(ValueError) as info:
+        chat(**fields)
+    return describe_validation_error(info.value)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_path) -> Tokenizer:
+    return load_tokenizer(model_path)
+
+
+@pytest.fixture(scope="module")
+def accepts(tokenizer):
+    grammars = GrammarCache(tokenizer, 49152)
+
+    def takes(schema: str, text: str) -> bool:
+        """Whether the compiled schema takes ``text`` token by token, then may end."""
+        grammar = grammars.for_request(SamplingParams(json_schema=schema))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        eos = tokenizer.eos_token_ids[0]
+        return all(grammar.accept(t) is None for t in ids) and grammar.accept(eos) == {"type": "stop", "matched": eos}
+
+    return takes
+
+
+def test_a_named_function_is_generated_under_its_parameters(accepts) -> None:
+    body = chat(tool_choice=NAMED)
+    assert json.loads(body.sampling().json_schema) == WEATHER
+    assert accepts(body.tool_schema(), '{"city": "Paris", "unit": "celsius"}')
+    assert not accepts(body.tool_schema(), '{"city": "Paris", "unit": "kelvin"}')
+    # a function without parameters takes an empty object
+    bare = chat(tool_choice={"type": "function", "function": {"name": "now"}}).tool_schema()
+    assert accepts(bare, "{}")
+
+
+def test_required_generates_a_list_of_calls_of_the_tools(accepts) -> None:
+    schema = chat(tool_choice="required").tool_schema()
+    two = '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}, {"name": "now", "parameters": {}}]'
+    assert accepts(schema, two)
+    assert not accepts(schema, "[]")  # at least one call
+    assert not accepts(schema, '[{"name": "get_time", "parameters": {}}]')  # not a tool
+    assert not accepts(schema, '[{"name": "now", "parameters": {"city": "Paris", "unit": "x"}}]')
+    single = chat(tool_choice="required", parallel_tool_calls=False).tool_schema()
+    assert accepts(single, '[{"name": "now", "parameters": {}}]')
+    assert not accepts(single, two)
+
+
+def test_auto_and_none_force_nothing() -> None:
+    assert chat(tool_choice="none").tool_schema() is None
+    assert chat(tool_choice="none").sampling().json_schema is None
+    assert ChatCompletionIn.model_validate({"messages": CHAT}).tool_schema() is None
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({}, 'tool_choice "auto" (the default with tools) needs a tool-call parser'),
+        ({"tool_choice": "auto"}, "needs a tool-call parser"),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope', which is not among the tools"),
+        ({"tools": TOOLS + TOOLS[:1], "tool_choice": "required"}, "a name of its own"),
+        ({"tool_choice": NAMED, "response_format": {"type": "json_object"}}, "cannot take response_format"),
+        ({"tool_choice": "required", "regex": "a+"}, "cannot take regex"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "required"},
+            "tools.0.function.name",
+        ),
+        ({"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools.0.type"),
+        ({"tools": TOOLS * 65, "tool_choice": "none"}, "at most 128"),
+    ],
+)
+def test_tool_requests_it_cannot_honour_are_refused_saying_why(fields: dict, says: str) -> None:
+    assert says in refusal(**fields)
+
+
+def test_a_text_format_leaves_a_forced_call_alone() -> None:
+    assert chat(tool_choice=NAMED, response_format={"type": "text"}).sampling().json_schema is not None
+
+
+def test_the_output_of_a_forced_call_reads_back_into_tool_calls() -> None:
+    (named,) = read_tool_calls('{\n  "city": "Paris", "unit": "celsius"\n}', chat(tool_choice=NAMED).tool_choice)
+    assert named["type"] == "function" and named["id"].startswith("call_")
+    assert named["function"] == {"name": "get_weather", "arguments": '{\n  "city": "Paris", "unit": "celsius"\n}'}
+    listed = '[{"name": "get_weather", "parameters": {"city": "Zürich", "unit": "celsius"}}, {"name": "now", "parameters": {}}]'
+    calls = read_tool_calls(listed, "required")
+    assert [c["function"] for c in calls] == [
+        {"name": "get_weather", "arguments": '{"city": "Zürich", "unit": "celsius"}'},
+        {"name": "now", "arguments": "{}"},
+    ]
+    assert len({c["id"] for c in calls}) == 2
+    # cut short (max_tokens, a stop string): no calls, the text stays the answer
+    assert read_tool_calls('[{"name": "now", "param', "required") is None
+    assert read_tool_calls('{"city": "Par', chat(tool_choice=NAMED).tool_choice) is None
+
+
+def test_the_template_is_given_the_tools_and_earlier_calls_as_mappings() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        *CHAT,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 degrees"},
+    ]
+    body = ChatCompletionIn.model_validate({"messages": messages, "tools": TOOLS, "tool_choice": "none"})
+    assert body.template_tools() == [
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+        {"type": "function", "function": {"name": "now"}},
+    ]
+    assistant, tool = (m.as_dict() for m in body.messages[1:])
+    assert assistant["content"] == "" and assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert tool == {"role": "tool", "content": "18 degrees", "tool_call_id": "c1"}
+    # arguments that are not JSON reach the template as written
+    odd = {**call, "function": {"name": "f", "arguments": "not json"}}
+    assert template_tool_calls([odd])[0]["function"]["arguments"] == "not json"
