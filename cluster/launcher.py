@@ -175,6 +175,7 @@ class Launcher:
                 tenant_keys=load_tenant_keys(args.api_key_file) if args.api_key_file else {},
                 served_model_name=plan.served_model_name,
                 shutdown_timeout_s=args.shutdown_timeout,
+                tool_call_parser=args.tool_call_parser,
             ),
         )
         self._wait_api_ready(api)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.router.api.context import MAX_WAIT_S
+from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
 from radixcluster.router.tenant_quota import QUOTA_FIELDS, TenantQuota
@@ -88,6 +89,7 @@ class ServerArgs:
     max_worker_restarts: int = 3
     stream_interval: int = 1
     random_seed: int | None = None
+    tool_call_parser: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -339,6 +341,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.random_seed,
         help="seed of the sampler's generator (requests with a seed of their own draw from that)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_CALL_FORMATS),
+        default=d.tool_call_parser,
+        help='the served model\'s format of tool calls, read out of its answers to chats with tool_choice "auto"',
     )
     for flag, why in DEFAULT_NAMING_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=f"accepted: {why}")

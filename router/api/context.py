@@ -29,6 +29,7 @@ class ApiConfig:
     tenant_keys: dict[str, str] = field(default_factory=dict)  # --api-key-file: API key -> tenant
     # after SIGTERM, requests in flight get this long to finish before they end with an error
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
+    tool_call_parser: str | None = None  # the served model's format of tool calls (tool_parsers)
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from radixcluster.router.api.generation import (
 )
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
-from radixcluster.router.api.tool_calls import read_tool_calls
+from radixcluster.router.api.tool_calls import ChatToolCalls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 _UNFINISHED = {"finish_reason": None, "matched_stop": None}
@@ -47,17 +47,16 @@ def finish(gen: Generation) -> dict[str, Any]:
     return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched}
 
 
-def chat_answer(gen: Generation, body: ChatCompletionIn) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A finished chat choice's message fields and finish fields. A forced tool call's output
-    becomes ``tool_calls`` (finish reason "tool_calls" for "required"; "stop" for a named
-    function, as OpenAI answers both), or stays text when it was cut short and does not parse."""
-    calls = read_tool_calls(gen.text, body.tool_choice) if body.forces_tool_call else None
-    if calls is None:
-        return {"content": gen.text}, finish(gen)
+def chat_answer(gen: Generation, tools: ChatToolCalls) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished chat choice's message fields and finish fields. Tool calls it made end it with
+    finish reason "tool_calls", but a named function's with "stop", as OpenAI answers them."""
+    content, calls = tools.answer(gen.text)
     ended = finish(gen)
-    if body.tool_choice == "required":
+    if calls is None:
+        return {"content": content}, ended
+    if tools.choice in ("required", "auto"):
         ended = {**ended, "finish_reason": "tool_calls"}
-    return {"content": None, "tool_calls": calls}, ended
+    return {"content": content, "tool_calls": calls}, ended
 
 
 def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
@@ -191,9 +190,10 @@ async def _completion_chunks(
 
 
 async def _chat_chunks(
-    streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, head: dict[str, Any]
+    streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, tools: ChatToolCalls, head: dict[str, Any]
 ) -> AsyncGenerator[dict[str, Any], None]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
+    sent = [0] * len(streams)  # characters of each choice's text sent as content
 
     def chunk(
         index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
@@ -204,21 +204,21 @@ async def _chat_chunks(
         if latest[index] is None:
             yield chunk(index, {"role": "assistant", "content": ""})
         latest[index] = gen
-        if body.forces_tool_call:  # held until it ends, then sent whole: its text is JSON, not an answer
-            if gen.finished:
-                message, ended = chat_answer(gen, body)
-                calls = [{"index": i, **call} for i, call in enumerate(message.get("tool_calls", []))]
-                delta = {"tool_calls": calls} if calls else {"content": message["content"]}
-                yield chunk(
-                    index, delta, chat_logprobs(gen.output_logprobs, gen.token_texts) if body.logprobs else None
-                )
-                yield chunk(index, {}, reason=ended)
+        logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
+        # text that may be a tool call is held until it is known; calls go out whole at the end
+        if not gen.finished:
+            release = max(sent[index], tools.releasable(gen.text))
+            if release > sent[index] or logprobs:
+                yield chunk(index, {"content": gen.text[sent[index] : release]}, logprobs)
+                sent[index] = release
             continue
-        if gen.new_text or gen.new_output_logprobs:
-            logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
-            yield chunk(index, {"content": gen.new_text}, logprobs)
-        if gen.finished:
-            yield chunk(index, {}, reason=finish(gen))
+        message, ended = chat_answer(gen, tools)
+        rest = (message["content"] or "")[sent[index] :]
+        if rest or logprobs:
+            yield chunk(index, {"content": rest}, logprobs)
+        if "tool_calls" in message:
+            yield chunk(index, {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]})
+        yield chunk(index, {}, reason=ended)
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
@@ -287,6 +287,10 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        try:
+            tools = ChatToolCalls.of(body.tools, body.tool_choice, ctx.config.tool_call_parser)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
         inputs = [
             {
                 "messages": [m.as_dict() for m in body.messages],
@@ -297,11 +301,11 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
-            return await start_stream(request, _chat_chunks(streams, body, head))
+            return await start_stream(request, _chat_chunks(streams, body, tools, head))
         gens = await collect(request, streams)
         choices = []
         for i, g in enumerate(gens):
-            message, ended = chat_answer(g, body)
+            message, ended = chat_answer(g, tools)
             logprobs = chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None
             choices.append({"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended})
         return JSONResponse(

@@ -331,15 +331,8 @@ class ChatCompletionIn(OpenAIRequest):
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) < len(names):
             raise ValueError("tools: each function needs a name of its own")
-        choice = self.tool_choice or ("auto" if names else "none")
-        if choice != "none" and not names:
+        if self.tool_choice not in (None, "none") and not names:
             raise ValueError("tool_choice needs tools")
-        if choice == "auto":
-            raise ValueError(
-                'tool_choice "auto" (the default with tools) needs a tool-call parser, which this server '
-                'does not have: send tool_choice "required" or {"type": "function", "function": {"name": ...}} '
-                'to have the call generated under the tools\' JSON schema, or "none"'
-            )
         forced = forced_name(self.tool_choice)
         if forced is not None and forced not in names:
             raise ValueError(f"tool_choice names the function {forced!r}, which is not among the tools {names}")
@@ -360,10 +353,6 @@ class ChatCompletionIn(OpenAIRequest):
         """The JSON schema a forced tool call is generated under; None when no call is forced."""
         schema = tool_call_schema(self.tools or [], self.tool_choice, self.parallel_tool_calls)
         return None if schema is None else json.dumps(schema)
-
-    @property
-    def forces_tool_call(self) -> bool:
-        return self.tool_choice == "required" or forced_name(self.tool_choice) is not None
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template is given them."""

@@ -1,15 +1,19 @@
-"""OpenAI's tools on the chat endpoint: a forced tool call (``tool_choice`` "required" or a named
+"""OpenAI's tools on the chat endpoint. A forced tool call (``tool_choice`` "required" or a named
 function) is generated under the JSON schema of the tools' parameters, as vLLM generates it,
-then read back into ``tool_calls``. Any model can make one; how good its arguments are depends
-on whether its chat template shows it the tools."""
+then read back into ``tool_calls``: any model can make one, and how apt its arguments are depends
+on whether its chat template shows it the tools. With "auto" the model decides, writing its
+calls in its own format, which ``--tool-call-parser`` names (``tool_parsers``)."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat
 
 MAX_TOOLS = 128  # OpenAI's bound
 ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
@@ -92,6 +96,61 @@ def read_tool_calls(text: str, choice: ToolChoice | None) -> list[dict[str, Any]
     ):
         return None
     return [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
+
+
+@dataclass(frozen=True)
+class ChatToolCalls:
+    """Where a chat's answer carries its tool calls: all of it (a forced call), after what the
+    model writes first (``format``: "auto" with a parser), or nowhere."""
+
+    choice: ToolChoice | None
+    names: frozenset[str] = frozenset()
+    format: ToolCallFormat | None = None
+
+    @classmethod
+    def of(cls, tools: list[ToolIn] | None, choice: ToolChoice | None, parser: str | None) -> ChatToolCalls:
+        """ValueError (a 400) for "auto" without a parser: the model's calls could not be read."""
+        names = frozenset(t.function.name for t in tools or [])
+        if resolved_choice(names, choice) != "auto":
+            return cls(choice, names)
+        if parser is None:
+            raise ValueError(
+                'tool_choice "auto" (the default with tools) needs the server started with --tool-call-parser '
+                '(the model\'s format of tool calls); without one, send tool_choice "required" or '
+                '{"type": "function", "function": {"name": ...}} to have a call generated under the tools\' '
+                'JSON schema, or "none"'
+            )
+        return cls("auto", names, TOOL_CALL_FORMATS[parser])
+
+    @property
+    def forced(self) -> bool:
+        return self.choice == "required" or forced_name(self.choice) is not None
+
+    def answer(self, text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+        """The answer's content and its ``tool_calls`` (None: it made none; then all of it is
+        content, as is a call that was cut short or names no tool)."""
+        if self.forced:
+            calls = read_tool_calls(text, self.choice)
+            return (None, calls) if calls is not None else (text, None)
+        if self.format is None:
+            return text, None
+        before, written = self.format.split(text)
+        read = self.format.read(written) if written is not None else None
+        if not read or any(name not in self.names for name, _ in read):
+            return text, None
+        calls = [_call(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in read]
+        return (before if before.strip() else None), calls
+
+    def releasable(self, text: str) -> int:
+        """How much of a growing answer a stream may send as content now."""
+        if self.forced:
+            return 0
+        return len(text) if self.format is None else self.format.releasable(text)
+
+
+def resolved_choice(names: frozenset[str], choice: ToolChoice | None) -> ToolChoice:
+    """OpenAI's default: "auto" when there are tools, else "none"."""
+    return choice if choice is not None else ("auto" if names else "none")
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:

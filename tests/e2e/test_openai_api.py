@@ -218,7 +218,7 @@ def test_tool_calls_cut_short_stay_text_and_auto_is_refused(client, model):
         model=model, messages=messages, tools=WEATHER_TOOLS, tool_choice=named, temperature=0, max_tokens=3
     ).choices[0]
     assert cut.finish_reason == "length" and cut.message.tool_calls is None and cut.message.content.startswith("{")
-    with pytest.raises(openai.BadRequestError, match="needs a tool-call parser"):
+    with pytest.raises(openai.BadRequestError, match="needs the server started with --tool-call-parser"):
         client.chat.completions.create(model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=4)
 
 

@@ -163,7 +163,8 @@ def test_sglangs_serving_flags_work_as_pasted():
     request that asks for its own stream_interval)."""
     flags = (
         "--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --watchdog-timeout 300 "
-        "--max-prefill-tokens 1024 --attention-backend intel_amx --stream-interval 4 --random-seed 42"
+        "--max-prefill-tokens 1024 --attention-backend intel_amx --stream-interval 4 --random-seed 42 "
+        "--tool-call-parser qwen25"
     )
     with launch_server(*flags.split()) as handle:
         info = get(handle, "/get_server_info").json()
@@ -179,3 +180,22 @@ def test_sglangs_serving_flags_work_as_pasted():
         whole = generate(handle, PROMPT, max_new_tokens=10, sampling_params={"ignore_eos": True})
         assert (chunks[-1]["output_ids"], chunks[-1]["text"]) == (whole["output_ids"], whole["text"])
         assert get(handle, "/metrics").status_code == 200
+        assert_reads_calls_in_qwens_format(handle)
+
+
+def assert_reads_calls_in_qwens_format(handle) -> None:
+    """--tool-call-parser qwen25: with tool_choice "auto" the answer's <tool_call> block (written
+    here under a regex, as a Qwen model writes it unasked) comes back as tool_calls, the text
+    before it as content, streamed or not."""
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    written = 'It is late\\.<tool_call>\\{"name": "get_time", "arguments": \\{"zone": "UTC"\\}\\}</tool_call>'
+    body = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools, "regex": written, "max_tokens": 64}
+    choice = post(handle, "/v1/chat/completions", body).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "It is late."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
+    with post(handle, "/v1/chat/completions", {**body, "stream": True}, stream=True) as resp:
+        deltas = [e["choices"][0] for e in sse_events(resp)[:-1]]
+    assert "".join(d["delta"].get("content") or "" for d in deltas) == "It is late."
+    (streamed,) = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
+    assert streamed["function"] == call["function"] and deltas[-1]["finish_reason"] == "tool_calls"

@@ -22,6 +22,7 @@ from radixcluster.router.api.native_routes import _native_chunks
 from radixcluster.router.api.openai_routes import _chat_chunks, _completion_chunks
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.api.router_client import RouterClient
+from radixcluster.router.api.tool_calls import ChatToolCalls
 
 DELTAS = ["Hel", "lo", ", wor", "ld", "!"]
 
@@ -102,7 +103,9 @@ def test_buffered_chat_deltas_concatenate_to_the_answer_with_one_finish_per_choi
         rids = ["c-0", "c-1"]
         streams = [run_generation(client, request(rid), ApiMetrics()) for rid in rids]
         spec = ChatCompletionIn.model_validate({"messages": [{"role": "user", "content": "hi"}], "n": 2})
-        return await read_after_everything_arrived(client, router, _chat_chunks(streams, spec, {}), rids)
+        return await read_after_everything_arrived(
+            client, router, _chat_chunks(streams, spec, ChatToolCalls(None), {}), rids
+        )
 
     chunks = asyncio.run(run_with_router(tmp_path, body))
     for index in (0, 1):

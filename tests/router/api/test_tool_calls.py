@@ -10,7 +10,7 @@ import pytest
 from radixcluster.protocol import SamplingParams
 from radixcluster.router.api.errors import describe_validation_error
 from radixcluster.router.api.openai_schemas import ChatCompletionIn
-from radixcluster.router.api.tool_calls import read_tool_calls, template_tool_calls
+from radixcluster.router.api.tool_calls import ChatToolCalls, read_tool_calls, template_tool_calls
 from radixcluster.router.grammar import GrammarCache
 from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 
@@ -78,6 +78,32 @@ def test_required_generates_a_list_of_calls_of_the_tools(accepts) -> None:
     assert not accepts(single, two)
 
 
+def test_auto_needs_a_parser_of_the_models_calls() -> None:
+    body = chat()  # "auto": OpenAI's default with tools
+    with pytest.raises(ValueError, match="needs the server started with --tool-call-parser"):
+        ChatToolCalls.of(body.tools, body.tool_choice, None)
+    tools = ChatToolCalls.of(body.tools, body.tool_choice, "qwen25")
+    assert tools.choice == "auto" and tools.names == {"get_weather", "now"} and not tools.forced
+    plain = ChatToolCalls.of(None, None, "qwen25")
+    assert plain.format is None and plain.answer("Hi <tool_call>") == ("Hi <tool_call>", None)
+
+
+def test_auto_reads_the_calls_the_model_wrote_after_its_text() -> None:
+    tools = ChatToolCalls.of(chat().tools, None, "qwen25")
+    text = 'Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}</tool_call>'
+    content, (call,) = tools.answer(text)
+    assert content == "Checking." and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
+    assert tools.answer(text.replace("Checking.", " "))[0] is None  # nothing but the call
+    # a call of a function the request did not offer, or one cut short, is text
+    unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
+    assert tools.answer(unknown) == (unknown, None)
+    assert tools.answer('<tool_call>{"name": "now", "argu') == ('<tool_call>{"name": "now", "argu', None)
+    assert tools.releasable("Checking.<tool_") == len("Checking.")
+    forced = ChatToolCalls.of(chat().tools, "required", None)
+    assert forced.forced and forced.releasable('[{"name": "now"') == 0
+
+
 def test_auto_and_none_force_nothing() -> None:
     assert chat(tool_choice="none").tool_schema() is None
     assert chat(tool_choice="none").sampling().json_schema is None
@@ -87,8 +113,6 @@ def test_auto_and_none_force_nothing() -> None:
 @pytest.mark.parametrize(
     "fields, says",
     [
-        ({}, 'tool_choice "auto" (the default with tools) needs a tool-call parser'),
-        ({"tool_choice": "auto"}, "needs a tool-call parser"),
         ({"tools": None, "tool_choice": "required"}, "tool_choice needs tools"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope', which is not among the tools"),
         ({"tools": TOOLS + TOOLS[:1], "tool_choice": "required"}, "a name of its own"),
