@@ -111,7 +111,7 @@ class ChatToolCalls:
     def of(cls, tools: list[ToolIn] | None, choice: ToolChoice | None, parser: str | None) -> ChatToolCalls:
         """ValueError (a 400) for "auto" without a parser: the model's calls could not be read."""
         names = frozenset(t.function.name for t in tools or [])
-        if resolved_choice(names, choice) != "auto":
+        if choice != "auto" and not (choice is None and names):  # OpenAI's default with tools: "auto"
             return cls(choice, names)
         if parser is None:
             raise ValueError(
@@ -146,11 +146,6 @@ class ChatToolCalls:
         if self.forced:
             return 0
         return len(text) if self.format is None else self.format.releasable(text)
-
-
-def resolved_choice(names: frozenset[str], choice: ToolChoice | None) -> ToolChoice:
-    """OpenAI's default: "auto" when there are tools, else "none"."""
-    return choice if choice is not None else ("auto" if names else "none")
 
 
 def _call(name: str, arguments: str) -> dict[str, Any]:
