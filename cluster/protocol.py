@@ -116,6 +116,8 @@ class GenerateRequest:
     # the chat's text ends inside its last message (an assistant's, mostly), which the model continues
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None  # the chat's tools, which its template may write
+    # variables of the chat template's own (chat_template_kwargs), such as Qwen's enable_thinking
+    chat_template_kwargs: dict[str, Any] | None = None
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0

@@ -116,9 +116,10 @@ class PromptReader:
         messages: list[dict[str, Any]] | None = None,
         continue_final: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> np.ndarray:
         try:
-            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final, tools)
+            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final, tools, template_kwargs)
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return np.asarray(self._encoder.encode(rendered, add_special), dtype=np.int64)
@@ -164,7 +165,12 @@ class PromptReader:
             return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
         chat = ChatCompletionIn.model_validate(body)
         messages = [m.as_dict() for m in chat.messages]
-        ids = self._encode(messages=messages, continue_final=chat.continue_final_message, tools=chat.template_tools())
+        ids = self._encode(
+            messages=messages,
+            continue_final=chat.continue_final_message,
+            tools=chat.template_tools(),
+            template_kwargs=chat.chat_template_kwargs,
+        )
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])
         return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

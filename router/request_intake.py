@@ -57,7 +57,7 @@ class RequestIntake:
             raise RequestRejected("one of text, input_ids or messages is required")
         try:
             text, add_special = prompt_text(
-                self.tokenizer, msg.text, msg.messages, msg.continue_final_message, msg.tools
+                self.tokenizer, msg.text, msg.messages, msg.continue_final_message, msg.tools, msg.chat_template_kwargs
             )
         except ValueError as exc:
             raise RequestRejected(f"invalid chat messages: {exc}") from exc
@@ -134,7 +134,9 @@ class RequestIntake:
             return ids.astype(np.int32)
         if msg.messages is None or not 1 <= pin.messages <= len(msg.messages):
             raise RequestRejected(f"a pin names {pin.messages} messages of a chat of {len(msg.messages or [])}")
-        text = self.tokenizer.apply_chat_template(msg.messages[: pin.messages], False, msg.tools)
+        text = self.tokenizer.apply_chat_template(
+            msg.messages[: pin.messages], False, msg.tools, template_kwargs=msg.chat_template_kwargs
+        )
         return self._encode(text, False, None).astype(np.int32)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:

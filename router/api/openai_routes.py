@@ -296,6 +296,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                 "messages": [m.as_dict() for m in body.messages],
                 "continue_final_message": body.continue_final_message,
                 "tools": body.template_tools(),
+                "chat_template_kwargs": body.chat_template_kwargs,
             }
         ]
         streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)

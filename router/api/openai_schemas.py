@@ -314,6 +314,8 @@ class ChatCompletionIn(OpenAIRequest):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # SGLang's and vLLM's: the answer goes on from the last message (an assistant's), unclosed
     continue_final_message: bool = False
+    # the template's own variables (SGLang's and vLLM's field), such as Qwen's enable_thinking
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
     parallel_tool_calls: bool = True

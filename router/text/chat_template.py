@@ -103,21 +103,31 @@ def render_chat_template(
     tools: list[dict[str, Any]] | None = None,
     special_tokens: dict[str, str | None] | None = None,
     continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     """The prompt text for ``messages`` (validated first, see ``validate_messages``).
 
     ``special_tokens`` supplies the template variables ``bos_token``, ``eos_token`` etc.
     ``continue_final_message``: the text ends inside the last message (no end of turn, no
     generation prompt), so the model goes on with it, cut where transformers cuts it.
-    A template that calls ``raise_exception`` (e.g. on roles it does not accept) raises
-    ValueError with its message.
+    ``template_kwargs`` are the template's own variables (a request's ``chat_template_kwargs``);
+    they may not stand for any of the above or the template's functions. A template that calls
+    ``raise_exception`` (e.g. on roles it does not accept), or fails on the values of
+    ``template_kwargs``, raises ValueError with its message.
     """
     checked = validate_messages(messages)
+    compiled = _compile(template or CHATML_FALLBACK)  # a broken model template is our fault, not the client's
+    given = template_kwargs or {}
+    taken = sorted(
+        given.keys() & {*(special_tokens or {}), *compiled.globals, "messages", "tools", "add_generation_prompt"}
+    )
+    if taken:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)}: the server sets them")
     if continue_final_message:
         checked[-1]["content"] += _CONTINUE_TAG
-    compiled = _compile(template or CHATML_FALLBACK)  # a broken model template is our fault, not the client's
     try:
         text = compiled.render(
+            **given,
             messages=checked,
             tools=tools,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
@@ -125,6 +135,11 @@ def render_chat_template(
         )
     except jinja2.exceptions.TemplateError as exc:
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
+    except Exception as exc:
+        if not given:
+            raise
+        # a client's value of a type the template does not expect (a dict where it adds strings)
+        raise ValueError(f"the chat template failed on chat_template_kwargs: {type(exc).__name__}: {exc}") from exc
     if not continue_final_message:
         return text
     end = text.rfind(_CONTINUE_TAG.strip())

@@ -15,13 +15,14 @@ def prompt_text(
     messages: list[dict[str, Any]] | None,
     continue_final_message: bool,
     tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
 ) -> tuple[str, bool]:
     """The text to encode and whether the model's BOS is added: a chat is rendered with the
-    model's template (given its ``tools``), which writes its own special tokens, to the
-    generation prompt or (``continue_final_message``) into its last message. ValueError on
-    malformed messages."""
+    model's template (given its ``tools`` and the template's own variables), which writes its
+    own special tokens, to the generation prompt or (``continue_final_message``) into its last
+    message. ValueError on malformed messages."""
     if messages is not None:
-        return tokenizer.apply_chat_template(messages, True, tools, continue_final_message), False
+        return tokenizer.apply_chat_template(messages, True, tools, continue_final_message, template_kwargs), False
     if text is None:
         raise ValueError("one of text or messages is required")
     return text, True

@@ -90,10 +90,17 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for a conversation; ValueError (a 400) on malformed messages."""
         return render_chat_template(
-            self.chat_template, messages, add_generation_prompt, tools, self.template_tokens, continue_final_message
+            self.chat_template,
+            messages,
+            add_generation_prompt,
+            tools,
+            self.template_tokens,
+            continue_final_message,
+            template_kwargs,
         )
 
     def longest_token_chars(self) -> int:

@@ -114,6 +114,16 @@ OPENAI_CASES = {
     "chat top_k of 2**63": ("/v1/chat/completions", {"messages": CHAT, "top_k": 2**63}, "top_k"),
     "chat max_tokens of 2**63": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2**63}, "max_new_tokens"),
     "chat stop bomb": ("/v1/chat/completions", {"messages": CHAT, "stop": ["y" * 200_000]}, "stop"),
+    "chat template kwargs that set the messages": (
+        "/v1/chat/completions",
+        {"messages": CHAT, "chat_template_kwargs": {"messages": []}},
+        "chat_template_kwargs may not set messages",
+    ),
+    "chat tool call of no tool": (
+        "/v1/chat/completions",
+        {"messages": CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}},
+        "tool_choice needs tools",
+    ),
     "completion fan-out": ("/v1/completions", {"prompt": [TEXT] * 20_000, "n": 64}, "256"),
 }
 

@@ -103,14 +103,18 @@ def test_texts_and_chats_tokenize_as_the_router_does(reader, tokenizer) -> None:
     assert [p.ids.tolist() for p in completion.prompts] == [[1, 2, 3], [1, 2, 3], [4, 5], [4, 5]]
 
 
-def test_a_chats_tools_reach_its_template_as_they_reach_the_routers(tokenizer) -> None:
+def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_routers(tokenizer) -> None:
     tool_tokenizer = dataclasses.replace(tokenizer, chat_template=TOOL_TEMPLATE)
     tools = [{"type": "function", "function": {"name": "now"}}]
     messages = [{"role": "user", "content": "What time is it?"}]
-    body = {"messages": messages, "tools": tools, "tool_choice": "required"}
+    kwargs = {"enable_thinking": False}
+    body = {"messages": messages, "tools": tools, "tool_choice": "required", "chat_template_kwargs": kwargs}
     (prompt,) = PromptReader(tool_tokenizer).read(CHAT, body).prompts
-    assert prompt.ids.tolist() == router_ids(tool_tokenizer, messages=messages, tools=tools)
-    assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages)
+    assert prompt.ids.tolist() == router_ids(
+        tool_tokenizer, messages=messages, tools=tools, chat_template_kwargs=kwargs
+    )
+    assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, tools=tools)
+    assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, chat_template_kwargs=kwargs)
 
 
 def replica_sees(kind: str, routed, body: dict) -> list[GenerateRequest]:

@@ -107,6 +107,42 @@ def test_tools_and_tool_calls_are_rendered_as_transformers_renders_them(tokenize
     assert '"arguments": {"city": "巴黎"}' in expected and '{"name": "get_weather"' in expected
 
 
+def test_chat_template_kwargs_are_the_templates_variables_as_in_transformers(
+    tokenizer: Tokenizer, hf_tokenizer
+) -> None:
+    messages = CONVERSATIONS["single_turn"]
+    for kwargs in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        expected = hf_tokenizer.apply_chat_template(
+            messages, chat_template=TOOL_TEMPLATE, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+        ours = render_chat_template(TOOL_TEMPLATE, messages, True, None, tokenizer.template_tokens, False, kwargs)
+        assert ours == expected
+        assert ours.endswith("<think>\n\n</think>\n\n") == (kwargs == {"enable_thinking": False})
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"messages": []}, "may not set messages"),
+        ({"add_generation_prompt": False, "bos_token": "x"}, "may not set add_generation_prompt, bos_token"),
+        ({"raise_exception": "no"}, "may not set raise_exception"),  # the template's own functions
+        ({"range": 3}, "may not set range"),
+    ],
+)
+def test_chat_template_kwargs_may_not_stand_for_what_the_server_sets(tokenizer: Tokenizer, kwargs, says) -> None:
+    with pytest.raises(ValueError, match=says):
+        tokenizer.apply_chat_template(CONVERSATIONS["single_turn"], template_kwargs=kwargs)
+
+
+def test_a_template_that_fails_on_a_clients_value_is_the_clients_error(tokenizer: Tokenizer) -> None:
+    template = "{{ messages[0].content + suffix }}"
+    with pytest.raises(ValueError, match="failed on chat_template_kwargs: TypeError"):
+        render_chat_template(template, CONVERSATIONS["single_turn"], template_kwargs={"suffix": {"a": 1}})
+    assert (
+        render_chat_template(template, CONVERSATIONS["single_turn"], template_kwargs={"suffix": "!"}) == "What is 2+2?!"
+    )
+
+
 @pytest.mark.parametrize(
     "last",
     ["The capital of France is", "Two words ", "", "a\nb"],
