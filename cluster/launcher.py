@@ -176,6 +176,7 @@ class Launcher:
                 served_model_name=plan.served_model_name,
                 shutdown_timeout_s=args.shutdown_timeout,
                 tool_call_parser=args.tool_call_parser,
+                reasoning_parser=args.reasoning_parser,
             ),
         )
         self._wait_api_ready(api)

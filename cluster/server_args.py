@@ -13,6 +13,7 @@ from pathlib import Path
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.router.api.context import MAX_WAIT_S
+from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
@@ -90,6 +91,7 @@ class ServerArgs:
     stream_interval: int = 1
     random_seed: int | None = None
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -347,6 +349,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=sorted(TOOL_CALL_FORMATS),
         default=d.tool_call_parser,
         help='the served model\'s format of tool calls, read out of its answers to chats with tool_choice "auto"',
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_FORMATS),
+        default=d.reasoning_parser,
+        help="how the served model marks its thinking: chat answers carry it as reasoning_content",
     )
     for flag, why in DEFAULT_NAMING_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=f"accepted: {why}")

@@ -30,6 +30,7 @@ class ApiConfig:
     # after SIGTERM, requests in flight get this long to finish before they end with an error
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     tool_call_parser: str | None = None  # the served model's format of tool calls (tool_parsers)
+    reasoning_parser: str | None = None  # how the served model marks its thinking (reasoning)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.auth import admin_check
+from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import tokenizer_call
 from radixcluster.router.api.errors import ApiError, read_json
@@ -31,6 +32,7 @@ from radixcluster.router.api.generation import (
 )
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
+from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -47,16 +49,10 @@ def finish(gen: Generation) -> dict[str, Any]:
     return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched}
 
 
-def chat_answer(gen: Generation, tools: ChatToolCalls) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A finished chat choice's message fields and finish fields. Tool calls it made end it with
-    finish reason "tool_calls", but a named function's with "stop", as OpenAI answers them."""
-    content, calls = tools.answer(gen.text)
-    ended = finish(gen)
-    if calls is None:
-        return {"content": content}, ended
-    if tools.choice in ("required", "auto"):
-        ended = {**ended, "finish_reason": "tool_calls"}
-    return {"content": content, "tool_calls": calls}, ended
+def chat_answer(gen: Generation, reader: ChatAnswerReader) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A finished chat choice's message fields and finish fields."""
+    message = reader.message(gen.text)
+    return message, reader.finish_reason(message, finish(gen))
 
 
 def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
@@ -190,32 +186,42 @@ async def _completion_chunks(
 
 
 async def _chat_chunks(
-    streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, tools: ChatToolCalls, head: dict[str, Any]
+    streams: list[AsyncIterator[Generation]], body: ChatCompletionIn, reader: ChatAnswerReader, head: dict[str, Any]
 ) -> AsyncGenerator[dict[str, Any], None]:
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
-    sent = [0] * len(streams)  # characters of each choice's text sent as content
+    # characters of each choice's thinking and answer sent so far
+    sent = {field: [0] * len(streams) for field in ("reasoning_content", "content")}
 
     def chunk(
         index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
     ) -> dict[str, Any]:
         return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, **reason}]}
 
+    def news(index: int, parts: dict[str, str | None]) -> dict[str, str]:
+        """What of each part was not sent yet (and counts it sent)."""
+        delta = {}
+        for field, text in parts.items():
+            if text and len(text) > sent[field][index]:
+                delta[field] = text[sent[field][index] :]
+                sent[field][index] = len(text)
+        return delta
+
     async for index, gen in merge(streams):
         if latest[index] is None:
             yield chunk(index, {"role": "assistant", "content": ""})
         latest[index] = gen
         logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
-        # text that may be a tool call is held until it is known; calls go out whole at the end
+        # text that may be a marker or a tool call is held until it is known; calls go out whole
         if not gen.finished:
-            release = max(sent[index], tools.releasable(gen.text))
-            if release > sent[index] or logprobs:
-                yield chunk(index, {"content": gen.text[sent[index] : release]}, logprobs)
-                sent[index] = release
+            thought, answer = reader.streamable(gen.text)
+            delta = news(index, {"reasoning_content": thought, "content": answer})
+            if delta or logprobs:
+                yield chunk(index, delta or {"content": ""}, logprobs)
             continue
-        message, ended = chat_answer(gen, tools)
-        rest = (message["content"] or "")[sent[index] :]
-        if rest or logprobs:
-            yield chunk(index, {"content": rest}, logprobs)
+        message, ended = chat_answer(gen, reader)
+        delta = news(index, {field: message.get(field) for field in sent})
+        if delta or logprobs:
+            yield chunk(index, delta or {"content": ""}, logprobs)
         if "tool_calls" in message:
             yield chunk(index, {"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]})
         yield chunk(index, {}, reason=ended)
@@ -291,6 +297,8 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             tools = ChatToolCalls.of(body.tools, body.tool_choice, ctx.config.tool_call_parser)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
+        thinking = REASONING_FORMATS[ctx.config.reasoning_parser] if ctx.config.reasoning_parser else None
+        reader = ChatAnswerReader(tools, thinking if body.separate_reasoning else None, body.stream_reasoning)
         inputs = [
             {
                 "messages": [m.as_dict() for m in body.messages],
@@ -302,11 +310,11 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
-            return await start_stream(request, _chat_chunks(streams, body, tools, head))
+            return await start_stream(request, _chat_chunks(streams, body, reader, head))
         gens = await collect(request, streams)
         choices = []
         for i, g in enumerate(gens):
-            message, ended = chat_answer(g, tools)
+            message, ended = chat_answer(g, reader)
             logprobs = chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None
             choices.append({"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended})
         return JSONResponse(

@@ -316,6 +316,9 @@ class ChatCompletionIn(OpenAIRequest):
     continue_final_message: bool = False
     # the template's own variables (SGLang's and vLLM's field), such as Qwen's enable_thinking
     chat_template_kwargs: dict[str, Any] | None = None
+    # SGLang's, with --reasoning-parser: the thinking apart from the answer, streamed as it comes
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
     parallel_tool_calls: bool = True

@@ -139,7 +139,7 @@ class ChatToolCalls:
         if not read or any(name not in self.names for name, _ in read):
             return text, None
         calls = [_call(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in read]
-        return (before if before.strip() else None), calls
+        return before or None, calls
 
     def releasable(self, text: str) -> int:
         """How much of a growing answer a stream may send as content now."""

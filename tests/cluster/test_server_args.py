@@ -56,7 +56,7 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
         args = parse(
             *"--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --disable-custom-all-reduce".split(),
             *"--watchdog-timeout 300 --max-prefill-tokens 512 --stream-interval 4 --random-seed 42".split(),
-            *"--tool-call-parser qwen25".split(),
+            *"--tool-call-parser qwen25 --reasoning-parser deepseek-r1".split(),
         )
     notices = " ".join(r.getMessage() for r in caplog.records)
     for flag in ("--enable-torch-compile", "--cuda-graph-max-bs", "--disable-custom-all-reduce"):
@@ -68,6 +68,7 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
     again = parse(*replica_argv(args, exclude=()))
     assert (again.step_timeout, again.max_prefill_tokens, again.stream_interval, again.random_seed) == (300, 512, 4, 42)
     assert args.tool_call_parser == again.tool_call_parser == "qwen25"
+    assert args.reasoning_parser == again.reasoning_parser == "deepseek-r1"
     with pytest.raises(SystemExit):
         parse("--tool-call-parser", "no_such_format")  # argparse names the choices
 

@@ -164,7 +164,7 @@ def test_sglangs_serving_flags_work_as_pasted():
     flags = (
         "--enable-metrics --enable-torch-compile --cuda-graph-max-bs 8 --watchdog-timeout 300 "
         "--max-prefill-tokens 1024 --attention-backend intel_amx --stream-interval 4 --random-seed 42 "
-        "--tool-call-parser qwen25"
+        "--tool-call-parser qwen25 --reasoning-parser qwen3"
     )
     with launch_server(*flags.split()) as handle:
         info = get(handle, "/get_server_info").json()
@@ -180,22 +180,31 @@ def test_sglangs_serving_flags_work_as_pasted():
         whole = generate(handle, PROMPT, max_new_tokens=10, sampling_params={"ignore_eos": True})
         assert (chunks[-1]["output_ids"], chunks[-1]["text"]) == (whole["output_ids"], whole["text"])
         assert get(handle, "/metrics").status_code == 200
-        assert_reads_calls_in_qwens_format(handle)
+        assert_reads_thinking_and_calls_in_qwens_format(handle)
 
 
-def assert_reads_calls_in_qwens_format(handle) -> None:
-    """--tool-call-parser qwen25: with tool_choice "auto" the answer's <tool_call> block (written
-    here under a regex, as a Qwen model writes it unasked) comes back as tool_calls, the text
-    before it as content, streamed or not."""
+def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
+    """--reasoning-parser qwen3 --tool-call-parser qwen25: with tool_choice "auto" the answer's
+    <think> part is reasoning_content and its <tool_call> block tool_calls (written here under a
+    regex, as a Qwen model writes them unasked), the text between them content, streamed or not;
+    separate_reasoning false leaves the text whole."""
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    written = 'It is late\\.<tool_call>\\{"name": "get_time", "arguments": \\{"zone": "UTC"\\}\\}</tool_call>'
-    body = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools, "regex": written, "max_tokens": 64}
+    written = (
+        "<think>\\nThe user asks the time\\.\\n</think>\\n\\nIt is late\\."
+        '<tool_call>\\{"name": "get_time", "arguments": \\{"zone": "UTC"\\}\\}</tool_call>'
+    )
+    body = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools, "regex": written, "max_tokens": 160}
     choice = post(handle, "/v1/chat/completions", body).json()["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "It is late."
-    (call,) = choice["message"]["tool_calls"]
+    message = choice["message"]
+    assert choice["finish_reason"] == "tool_calls" and message["content"] == "It is late."
+    assert message["reasoning_content"] == "\nThe user asks the time.\n"
+    (call,) = message["tool_calls"]
     assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
     with post(handle, "/v1/chat/completions", {**body, "stream": True}, stream=True) as resp:
         deltas = [e["choices"][0] for e in sse_events(resp)[:-1]]
-    assert "".join(d["delta"].get("content") or "" for d in deltas) == "It is late."
+    for field in ("content", "reasoning_content"):
+        assert "".join(d["delta"].get(field) or "" for d in deltas) == message[field]
     (streamed,) = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
     assert streamed["function"] == call["function"] and deltas[-1]["finish_reason"] == "tool_calls"
+    whole = post(handle, "/v1/chat/completions", {**body, "separate_reasoning": False}).json()["choices"][0]
+    assert whole["message"]["content"].startswith("<think>") and "reasoning_content" not in whole["message"]

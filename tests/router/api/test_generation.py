@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from radixcluster.protocol import GenerateRequest, RequestOutput, SamplingParams, decode, encode
+from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import run_generation
 from radixcluster.router.api.metrics import ApiMetrics
@@ -104,7 +105,7 @@ def test_buffered_chat_deltas_concatenate_to_the_answer_with_one_finish_per_choi
         streams = [run_generation(client, request(rid), ApiMetrics()) for rid in rids]
         spec = ChatCompletionIn.model_validate({"messages": [{"role": "user", "content": "hi"}], "n": 2})
         return await read_after_everything_arrived(
-            client, router, _chat_chunks(streams, spec, ChatToolCalls(None), {}), rids
+            client, router, _chat_chunks(streams, spec, ChatAnswerReader(ChatToolCalls(None)), {}), rids
         )
 
     chunks = asyncio.run(run_with_router(tmp_path, body))

@@ -94,7 +94,7 @@ def test_auto_reads_the_calls_the_model_wrote_after_its_text() -> None:
     content, (call,) = tools.answer(text)
     assert content == "Checking." and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
-    assert tools.answer(text.replace("Checking.", " "))[0] is None  # nothing but the call
+    assert tools.answer(text.replace("Checking.", ""))[0] is None  # nothing but the call
     # a call of a function the request did not offer, or one cut short, is text
     unknown = '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>'
     assert tools.answer(unknown) == (unknown, None)

@@ -1,0 +1,40 @@
+"""A reasoning model's thinking, told apart from its answer (``--reasoning-parser``, SGLang's and
+vLLM's names): the text between ``<think>`` and ``</think>`` is ``reasoning_content``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+START, END = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    # the chat template opens the thinking itself (DeepSeek-R1's ends its prompt with <think>), so
+    # an answer starts inside it, <think> written or not
+    opens_in_prompt: bool
+
+    def split(self, text: str, final: bool = True) -> tuple[str, str]:
+        """The reasoning and the answer of ``text``. While the text grows (``final`` false), an
+        end that may yet become a marker is in neither, and so is an undecided start."""
+        body = text.lstrip()
+        if not final and START.startswith(body):
+            return "", ""  # it may yet open with <think>
+        if body.startswith(START):
+            body = body[len(START) :]
+        elif not self.opens_in_prompt:
+            return "", text
+        reasoning, ended, answer = body.partition(END)
+        if ended:
+            return reasoning, answer.lstrip()
+        if final:
+            return reasoning, ""  # it never ended: all of it is thinking
+        held = max((k for k in range(1, len(END)) if reasoning.endswith(END[:k])), default=0)
+        return reasoning[: len(reasoning) - held], ""
+
+
+REASONING_FORMATS = {
+    "deepseek-r1": ReasoningFormat(opens_in_prompt=True),
+    "deepseek_r1": ReasoningFormat(opens_in_prompt=True),
+    "qwen3": ReasoningFormat(opens_in_prompt=False),
+}
