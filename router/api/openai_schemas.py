@@ -59,6 +59,9 @@ _EXTRA_SAMPLING = (
 )
 
 
+# vLLM's older names (its guided decoding, before 0.11) for structured_outputs' constraints
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
 # the fields that constrain an answer (beside response_format), which a forced tool call's own schema excludes
 _CONSTRAINTS = ("structured_outputs", "regex", "json_schema", "ebnf")
 
@@ -74,6 +77,7 @@ UNSUPPORTED_OPENAI = {
     "truncate_prompt_tokens": "prompts are not truncated: a prompt too long for the context is refused",
     "prompt_embeds": "prompts are text or token ids",
     "chat_template": "chats are rendered with the model's own template",
+    "guided_whitespace_pattern": "JSON's whitespace is the server's --constrained-json-disable-any-whitespace",
     "documents": "chats are rendered with the model's own template, without documents",
 }
 
@@ -185,9 +189,15 @@ class OpenAIRequest(BaseModel):
     def _supported(cls, data: Any) -> Any:
         # SGLang's extensions it would act on (lora_path, ...) are refused here too
         data = drop_unsupported(data, cls.unsupported)
+        if not isinstance(data, dict):
+            return data
         # OpenAI's fields are nullable, and clients (LangChain, LiteLLM) send nulls: a null
         # field is a field left out
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        data = {k: v for k, v in data.items() if v is not None}
+        guided = {_GUIDED[k]: data.pop(k) for k in list(data) if k in _GUIDED}
+        if guided and "structured_outputs" in data:
+            raise ValueError("give a constraint as structured_outputs or as vLLM's older guided_* fields, not both")
+        return {**data, "structured_outputs": guided} if guided else data
 
     @property
     def include_usage(self) -> bool:

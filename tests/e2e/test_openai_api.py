@@ -161,6 +161,16 @@ def test_chat_json_schema_response_format(client, model):
     assert json.loads(choice.message.content)["answer"] in ("yes", "no")
 
 
+def test_vllms_older_guided_fields_constrain_the_answer(client, model):
+    """Client code written for vLLM before 0.11 sends guided_choice / guided_json in extra_body."""
+    ask = {"model": model, "messages": [{"role": "user", "content": "Capital of France?"}], "temperature": 0}
+    picked = client.chat.completions.create(**ask, max_tokens=8, extra_body={"guided_choice": ["Lyon", "Nice"]})
+    assert picked.choices[0].message.content in ("Lyon", "Nice")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    shaped = client.completions.create(model=model, prompt="City:", max_tokens=24, extra_body={"guided_json": schema})
+    assert set(json.loads(shaped.choices[0].text)) == {"city"}
+
+
 WEATHER_TOOLS = [
     {
         "type": "function",

@@ -290,6 +290,29 @@ def test_vllms_structured_outputs_become_the_grammar_parameter(constraint: dict,
     assert getattr(sampling, param) == spec
 
 
+@pytest.mark.parametrize(
+    "guided, param, spec",
+    [
+        ({"guided_json": {"type": "object"}}, "json_schema", '{"type": "object"}'),
+        ({"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}, "regex", "a+"),
+        ({"guided_choice": ["yes", "no"]}, "ebnf", 'root ::= "yes" | "no"'),
+        ({"guided_grammar": 'root ::= "a"'}, "ebnf", 'root ::= "a"'),
+    ],
+)
+def test_vllms_older_guided_fields_are_its_structured_outputs(guided: dict, param: str, spec: str) -> None:
+    for model, body in ((ChatCompletionIn, {"messages": CHAT}), (CompletionIn, {"prompt": "hi"})):
+        assert getattr(model.model_validate({**body, **guided}).sampling(), param) == spec
+
+
+def test_guided_fields_conflict_as_constraints_do() -> None:
+    two = {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}
+    assert "exactly one of" in refusal(CompletionIn, two)
+    both = {"prompt": "hi", "guided_regex": "a", "structured_outputs": {"regex": "b"}}
+    assert "not both" in refusal(CompletionIn, both)
+    assert "guided_whitespace_pattern" in refusal(CompletionIn, {"prompt": "hi", "guided_whitespace_pattern": " "})
+    assert CompletionIn.model_validate({"prompt": "hi", "guided_json": None}).sampling().json_schema is None
+
+
 def test_vllms_structured_outputs_take_one_known_constraint_and_its_stop_string_flag_is_no_stop_trim() -> None:
     for constraint in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": False}):
         assert "exactly one of" in refusal(CompletionIn, {"prompt": "hi", "structured_outputs": constraint})
