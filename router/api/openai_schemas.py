@@ -79,6 +79,15 @@ UNSUPPORTED_OPENAI = {
     "chat_template": "chats are rendered with the model's own template",
     "guided_whitespace_pattern": "JSON's whitespace is the server's --constrained-json-disable-any-whitespace",
     "documents": "chats are rendered with the model's own template, without documents",
+    "logits_processors": "this server does not run client-supplied code (logits processors)",
+    "prompt_logprobs": "score a prompt with /v1/completions, echo and logprobs",
+    "return_tokens_as_token_ids": "logprob entries name each token by its text",
+}
+# vLLM's chat-only extensions likewise
+UNSUPPORTED_CHAT = {
+    **UNSUPPORTED_OPENAI,
+    "echo": "a chat's answer does not repeat its last message",
+    "add_special_tokens": "a chat's special tokens are the ones its template writes",
 }
 
 
@@ -316,8 +325,12 @@ class ChatCompletionIn(OpenAIRequest):
     """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
 
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
+    unsupported = UNSUPPORTED_CHAT
 
     messages: list[ChatMessageIn] = Field(min_length=1)
+    # vLLM's: false only with continue_final_message (which vLLM asks it with), else the prompt
+    # ends with the assistant's turn opened
+    add_generation_prompt: bool = True
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
@@ -339,6 +352,11 @@ class ChatCompletionIn(OpenAIRequest):
             self.gateway_tokens.check_count(1)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
+        if not self.add_generation_prompt and not self.continue_final_message:
+            raise ValueError(
+                "add_generation_prompt false is supported with continue_final_message only (the prompt then "
+                "ends inside the last message); without it the prompt ends with the assistant's turn opened"
+            )
         self._check_tools()
         return self
 

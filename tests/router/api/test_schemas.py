@@ -267,11 +267,24 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
         ("bad_words", ["x"]),
         ("truncate_prompt_tokens", 8),
         ("chat_template", "{{ messages }}"),
+        ("logits_processors", ["my.module:Processor"]),
+        ("prompt_logprobs", 2),
+        ("return_tokens_as_token_ids", True),
+        ("echo", True),  # a chat's, unlike a completion's
+        ("add_special_tokens", True),
     ],
 )
 def test_vllms_extensions_it_cannot_honour_are_refused_unless_null_or_empty(field: str, value) -> None:
     assert field in refusal(ChatCompletionIn, {"messages": CHAT, field: value})
     ChatCompletionIn.model_validate({"messages": CHAT, field: type(value)()})  # False, [], 0, ""
+
+
+def test_add_generation_prompt_false_goes_with_continue_final_message_as_vllm_sends_them() -> None:
+    assert "continue_final_message only" in refusal(
+        ChatCompletionIn, {"messages": CHAT, "add_generation_prompt": False}
+    )
+    going_on = {"messages": CHAT, "add_generation_prompt": False, "continue_final_message": True}
+    assert ChatCompletionIn.model_validate(going_on).continue_final_message
 
 
 @pytest.mark.parametrize(
