@@ -193,7 +193,13 @@ def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
         "<think>\\nThe user asks the time\\.\\n</think>\\n\\nIt is late\\."
         '<tool_call>\\{"name": "get_time", "arguments": \\{"zone": "UTC"\\}\\}</tool_call>'
     )
-    body = {"messages": [{"role": "user", "content": "Time?"}], "tools": tools, "regex": written, "max_tokens": 160}
+    body = {
+        "messages": [{"role": "user", "content": "Time?"}],
+        "tools": tools,
+        "regex": written,
+        "max_tokens": 160,
+        "temperature": 0,
+    }
     choice = post(handle, "/v1/chat/completions", body).json()["choices"][0]
     message = choice["message"]
     assert choice["finish_reason"] == "tool_calls" and message["content"] == "It is late."
