@@ -352,7 +352,12 @@ class Router:
         ``messages`` rendered with the chat template first; ValueError on a bad chat, or on
         more text than one prompt can hold (tokenizing it would hold up the loop)."""
         if "messages" in args:
-            text = self.tokenizer.apply_chat_template(args["messages"], args.get("add_generation_prompt", True))
+            text = self.tokenizer.apply_chat_template(
+                args["messages"],
+                args.get("add_generation_prompt", True),
+                args.get("tools"),
+                template_kwargs=args.get("chat_template_kwargs"),
+            )
             self.intake.check_text(text, "the rendered chat")
             return {"tokens": [self.tokenizer.encode(text, add_special_tokens=False)]}
         self.intake.check_text("".join(args["prompts"]), "the text to tokenize")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from radixcluster.router.api.native_schemas import TokenId
+from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
 
 
 class TokenizeIn(BaseModel):
@@ -19,6 +20,9 @@ class TokenizeIn(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    # a chat's, rendered as the chat endpoint renders them (vLLM's /tokenize takes them too)
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeIn:
@@ -28,7 +32,12 @@ class TokenizeIn(BaseModel):
 
     def router_args(self) -> dict[str, Any]:
         if self.messages is not None:
-            return {"messages": self.messages, "add_generation_prompt": self.add_generation_prompt}
+            return {
+                "messages": self.messages,
+                "add_generation_prompt": self.add_generation_prompt,
+                "tools": [t.as_dict() for t in self.tools] if self.tools else None,
+                "chat_template_kwargs": self.chat_template_kwargs,
+            }
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
         return {"prompts": prompts, "add_special_tokens": self.add_special_tokens}
 

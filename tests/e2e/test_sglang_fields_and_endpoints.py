@@ -122,6 +122,17 @@ def test_tokenize_and_detokenize(server):
     chat = post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}).json()
     spelled = post(server, "/detokenize", {"tokens": chat["tokens"], "skip_special_tokens": False}).json()["text"]
     assert spelled.startswith("<|im_start|>") and spelled.endswith("<|im_start|>assistant\n")
+    # a chat's tools and template variables go to the template as the chat endpoint sends them
+    # (SmolLM2's reads neither); one that would set the messages is refused
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    extras = {"tools": tools, "chat_template_kwargs": {"enable_thinking": False}}
+    rendered = post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}], **extras}).json()
+    assert rendered["tokens"] == chat["tokens"]
+    bad = {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"messages": []}}
+    assert_error(post(server, "/tokenize", bad), 400, "may not set messages")
+    assert_error(
+        post(server, "/tokenize", {**bad, "chat_template_kwargs": None, "tools": [{"type": "x"}]}), 400, "tools"
+    )
     assert_error(post(server, "/detokenize", {"tokens": [10**6]}), 400, "vocabulary")
     assert_error(post(server, "/tokenize", {}), 400, "prompt")
 

@@ -293,6 +293,10 @@ def test_tokenize_and_detokenize_round_trip(router):
     assert router.tokenizer.decode(chat, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     assert "49152" in control("detokenize", tokens=[[1, 49152]]).error
     assert "role" in control("tokenize", messages=[{"role": "robot", "content": "x"}]).error
+    # a chat's template variables reach the template (SmolLM2's reads none of them)
+    hi = [{"role": "user", "content": "Hi"}]
+    assert control("tokenize", messages=hi, chat_template_kwargs={"enable_thinking": False}).payload["tokens"] == [chat]
+    assert "may not set messages" in control("tokenize", messages=hi, chat_template_kwargs={"messages": []}).error
 
 
 def test_tree_events_let_a_gateway_predict_the_cached_tokens(model_path, runner):
