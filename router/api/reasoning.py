@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixcluster.router.api.text_markers import marker_tail
+
 START, END = "<think>", "</think>"
 
 
@@ -29,8 +31,7 @@ class ReasoningFormat:
             return reasoning, answer.lstrip()
         if final:
             return reasoning, ""  # it never ended: all of it is thinking
-        held = max((k for k in range(1, len(END)) if reasoning.endswith(END[:k])), default=0)
-        return reasoning[: len(reasoning) - held], ""
+        return reasoning[: len(reasoning) - marker_tail(reasoning, (END,))], ""
 
 
 REASONING_FORMATS = {

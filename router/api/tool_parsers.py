@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from radixcluster.router.api.text_markers import marker_tail
+
 Calls = list[tuple[str, dict[str, Any]]]
 
 
@@ -37,8 +39,7 @@ class ToolCallFormat:
         before, calls = self.split(text)
         if calls is not None:
             return len(before)
-        tail = max((k for m in self.markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
-        return len(text) - tail
+        return len(text) - marker_tail(text, self.markers)
 
 
 def _objects(text: str) -> list[Any] | None:
