@@ -114,12 +114,15 @@ class PromptReader:
         self,
         text: str | None = None,
         messages: list[dict[str, Any]] | None = None,
-        continue_final: bool = False,
+        continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> np.ndarray:
+        """The ids of a text, or of a chat given as its GenerateRequest's fields."""
         try:
-            rendered, add_special = prompt_text(self.tokenizer, text, messages, continue_final, tools, template_kwargs)
+            rendered, add_special = prompt_text(
+                self.tokenizer, text, messages, continue_final_message, tools, chat_template_kwargs
+            )
         except ValueError as exc:
             raise ApiError(400, f"invalid chat messages: {exc}") from exc
         return np.asarray(self._encoder.encode(rendered, add_special), dtype=np.int64)
@@ -160,17 +163,11 @@ class PromptReader:
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         if kind == RESPONSES:  # a chat whose usage always comes with its answer
             response = ResponsesIn.model_validate(body)
-            ids = self._encode(messages=response.messages(), continue_final=False)
+            ids = self._encode(**response.chat_input())
             prompts = [_prompt(ids, cache_namespace(response.cache_salt, response.extra_key))]
             return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
         chat = ChatCompletionIn.model_validate(body)
-        messages = [m.as_dict() for m in chat.messages]
-        ids = self._encode(
-            messages=messages,
-            continue_final=chat.continue_final_message,
-            tools=chat.template_tools(),
-            template_kwargs=chat.chat_template_kwargs,
-        )
+        ids = self._encode(**chat.chat_input())
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])
         return RoutedRequest(kind, body, prompts, chat.stream, chat.n, chat.include_usage, gateway_tokens=field)

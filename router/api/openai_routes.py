@@ -31,7 +31,7 @@ from radixcluster.router.api.generation import (
     start_stream,
 )
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
-from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest
+from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest, ToolsRequest
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
@@ -229,6 +229,19 @@ async def _chat_chunks(
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
 
+def answer_reader(
+    ctx: ApiContext, body: ToolsRequest, separate_reasoning: bool = True, stream_reasoning: bool = True
+) -> ChatAnswerReader:
+    """How the request's answer is read with the server's parsers; "auto" tool calls without a
+    parser are a 400."""
+    try:
+        tools = ChatToolCalls.of(body.tools, body.tool_choice, ctx.config.tool_call_parser)
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    thinking = REASONING_FORMATS[ctx.config.reasoning_parser] if ctx.config.reasoning_parser else None
+    return ChatAnswerReader(tools, thinking if separate_reasoning else None, stream_reasoning)
+
+
 def start_generations(
     ctx: ApiContext,
     request: Request,
@@ -293,21 +306,8 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        try:
-            tools = ChatToolCalls.of(body.tools, body.tool_choice, ctx.config.tool_call_parser)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
-        thinking = REASONING_FORMATS[ctx.config.reasoning_parser] if ctx.config.reasoning_parser else None
-        reader = ChatAnswerReader(tools, thinking if body.separate_reasoning else None, body.stream_reasoning)
-        inputs = [
-            {
-                "messages": [m.as_dict() for m in body.messages],
-                "continue_final_message": body.continue_final_message,
-                "tools": body.template_tools(),
-                "chat_template_kwargs": body.chat_template_kwargs,
-            }
-        ]
-        streams = start_generations(ctx, request, body, inputs, body.logprobs, body.top_logprobs or 0)
+        reader = answer_reader(ctx, body, body.separate_reasoning, body.stream_reasoning)
+        streams = start_generations(ctx, request, body, [body.chat_input()], body.logprobs, body.top_logprobs or 0)
         if body.stream:
             head = _head("chat.completion.chunk", "chatcmpl", model)
             return await start_stream(request, _chat_chunks(streams, body, reader, head))

@@ -220,6 +220,10 @@ class OpenAIRequest(BaseModel):
         """The prefixes its ``cache_control`` fields ask to pin."""
         return [PromptPin(self.cache_control.ttl)] if self.cache_control is not None else []
 
+    def answer_format(self) -> ResponseFormat | None:
+        """The format the answer is asked in."""
+        return self.response_format
+
     def _sampling(self, max_new_tokens: int | None) -> SamplingParamsIn:
         """SGLang's parameters; raises pydantic's ValidationError for out-of-range values."""
         params: dict[str, Any] = {
@@ -233,7 +237,8 @@ class OpenAIRequest(BaseModel):
             "presence_penalty": self.presence_penalty,
         }
         params.update({name: getattr(self, name) for name in _EXTRA_SAMPLING if getattr(self, name) is not None})
-        schema = self.response_format.grammar() if self.response_format is not None else None
+        answer_format = self.answer_format()
+        schema = answer_format.grammar() if answer_format is not None else None
         if schema is not None:
             params["json_schema"] = schema
         if self.structured_outputs is not None:
@@ -321,7 +326,62 @@ class ChatMessageIn(BaseModel):
         return message | {key: value for key, value in extra.items() if value is not None}
 
 
-class ChatCompletionIn(OpenAIRequest):
+class ToolsRequest(OpenAIRequest):
+    """A request that may offer the model tools: the chat, and the Responses API, which reads
+    its tools into the same shape."""
+
+    # the name the client gave its response_format (the Responses API calls it text.format)
+    response_format_field: ClassVar[str] = "response_format"
+
+    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ToolsRequest:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            raise ValueError("tools: each function needs a name of its own")
+        if self.tool_choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        forced = forced_name(self.tool_choice)
+        if forced is not None and forced not in names:
+            raise ValueError(f"tool_choice names the function {forced!r}, which is not among the tools {names}")
+        schema = self.tool_schema()
+        if schema is None:
+            return self
+        if len(schema) > MAX_GRAMMAR_CHARS:
+            raise ValueError(
+                f"tools: their calls' JSON schema is {len(schema)} characters, at most {MAX_GRAMMAR_CHARS}"
+            )
+        constraints = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
+        answer_format = self.answer_format()
+        if answer_format is not None and answer_format.grammar() is not None:
+            constraints.append(self.response_format_field)
+        if constraints:
+            raise ValueError(f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}")
+        return self
+
+    def tool_schema(self) -> str | None:
+        """The JSON schema a forced tool call is generated under; None when no call is forced."""
+        schema = tool_call_schema(self.tools or [], self.tool_choice, self.parallel_tool_calls)
+        return None if schema is None else json.dumps(schema)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template is given them."""
+        return [t.as_dict() for t in self.tools] if self.tools else None
+
+    def chat_input(self) -> dict[str, Any]:
+        """The prompt's fields of its GenerateRequest: the chat the template renders."""
+        raise NotImplementedError
+
+    def _sampling(self, max_new_tokens: int | None) -> SamplingParamsIn:
+        sampling = super()._sampling(max_new_tokens)
+        schema = self.tool_schema()
+        return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
+
+
+class ChatCompletionIn(ToolsRequest):
     """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
 
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
@@ -342,9 +402,6 @@ class ChatCompletionIn(OpenAIRequest):
     # SGLang's, with --reasoning-parser: the thinking apart from the answer, streamed as it comes
     separate_reasoning: bool = True
     stream_reasoning: bool = True
-    tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
-    tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
-    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionIn:
@@ -357,45 +414,19 @@ class ChatCompletionIn(OpenAIRequest):
                 "add_generation_prompt false is supported with continue_final_message only (the prompt then "
                 "ends inside the last message); without it the prompt ends with the assistant's turn opened"
             )
-        self._check_tools()
         return self
 
-    def _check_tools(self) -> None:
-        names = [t.function.name for t in self.tools or []]
-        if len(set(names)) < len(names):
-            raise ValueError("tools: each function needs a name of its own")
-        if self.tool_choice not in (None, "none") and not names:
-            raise ValueError("tool_choice needs tools")
-        forced = forced_name(self.tool_choice)
-        if forced is not None and forced not in names:
-            raise ValueError(f"tool_choice names the function {forced!r}, which is not among the tools {names}")
-        schema = self.tool_schema()
-        if schema is None:
-            return
-        if len(schema) > MAX_GRAMMAR_CHARS:
-            raise ValueError(
-                f"tools: their calls' JSON schema is {len(schema)} characters, at most {MAX_GRAMMAR_CHARS}"
-            )
-        constraints = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
-        if self.response_format is not None and self.response_format.grammar() is not None:
-            constraints.append("response_format")
-        if constraints:
-            raise ValueError(f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}")
-
-    def tool_schema(self) -> str | None:
-        """The JSON schema a forced tool call is generated under; None when no call is forced."""
-        schema = tool_call_schema(self.tools or [], self.tool_choice, self.parallel_tool_calls)
-        return None if schema is None else json.dumps(schema)
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        """The tools as the chat template is given them."""
-        return [t.as_dict() for t in self.tools] if self.tools else None
+    def chat_input(self) -> dict[str, Any]:
+        return {
+            "messages": [m.as_dict() for m in self.messages],
+            "continue_final_message": self.continue_final_message,
+            "tools": self.template_tools(),
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
 
     def sampling(self) -> SamplingParamsIn:
         limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
-        sampling = self._sampling(limit)
-        schema = self.tool_schema()
-        return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
+        return self._sampling(limit)
 
     def pins(self) -> list[PromptPin]:
         marked = [(i, m.marker()) for i, m in enumerate(self.messages)]

@@ -33,6 +33,14 @@ class ReasoningFormat:
             return reasoning, ""  # it never ended: all of it is thinking
         return reasoning[: len(reasoning) - marker_tail(reasoning, (END,))], ""
 
+    def written(self, text: str) -> str:
+        """The thinking of a finished ``text`` as the model wrote it, its markers included
+        ("" when it wrote none)."""
+        if not text.lstrip().startswith(START) and not self.opens_in_prompt:
+            return ""
+        end = text.find(END)
+        return text if end < 0 else text[: end + len(END)]
+
 
 REASONING_FORMATS = {
     "deepseek-r1": ReasoningFormat(opens_in_prompt=True),

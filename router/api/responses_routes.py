@@ -1,11 +1,10 @@
-"""OpenAI's Responses API, ``POST /v1/responses``: a chat under another shape. The answer is one
-``message`` output item; a stream is the API's typed events (created, the text's deltas, the
-finished item, completed). Nothing is stored (``store`` is accepted and has no effect)."""
+"""OpenAI's Responses API, ``POST /v1/responses``: a chat under another shape (its output items:
+``responses_output``). A stream is the API's typed events: created, then each item opened,
+its text's deltas, the item done, and the response completed. Nothing is stored (``store`` is
+accepted and has no effect)."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -13,104 +12,105 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.context import ApiContext
+from radixcluster.router.api.control_routes import tokenizer_call
 from radixcluster.router.api.errors import read_json
 from radixcluster.router.api.generation import Generation, collect, start_stream
-from radixcluster.router.api.openai_routes import start_generations
+from radixcluster.router.api.openai_routes import answer_reader, start_generations
+from radixcluster.router.api.responses_output import TEXT_PARTS, Answer, ResponseView
 from radixcluster.router.api.responses_schemas import ResponsesIn
 
-# a generation's finish -> the response's status (an abort ends it as failed)
-_STATUS = {"stop": "completed", "length": "incomplete"}
+
+async def read_answer(ctx: ApiContext, view: ResponseView, gen: Generation) -> Answer:
+    """A finished generation's items; its thinking's tokens counted by tokenizing it as written."""
+    reasoning = view.reader.reasoning
+    written = reasoning.written(gen.text) if reasoning is not None else ""
+    counted = 0
+    if written:
+        tokens = await tokenizer_call(ctx, "tokenize", {"prompts": [written], "add_special_tokens": False})
+        counted = min(len(tokens["tokens"][0]), gen.completion_tokens)
+    return Answer.of(view.reader.message(gen.text), counted)
 
 
-class ResponseView:
-    """The response object of one request, as it stands after ``gen`` (None: nothing yet)."""
-
-    def __init__(self, body: ResponsesIn, model: str) -> None:
-        self.body, self.model = body, model
-        self.id, self.item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    def status(self, gen: Generation | None) -> str:
-        if gen is None or not gen.finished:
-            return "in_progress"
-        return _STATUS.get(gen.finish_type or "", "failed")
-
-    @staticmethod
-    def part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def item(self, gen: Generation | None) -> dict[str, Any]:
-        status = self.status(gen)
-        content = [self.part(gen.text)] if gen is not None and gen.finished else []
-        # an item is incomplete or completed; a failed response's item is incomplete
-        item_status = status if status in ("in_progress", "completed") else "incomplete"
-        return {"type": "message", "id": self.item_id, "status": item_status, "role": "assistant", "content": content}
-
-    def response(self, gen: Generation | None) -> dict[str, Any]:
-        body, status = self.body, self.status(gen)
-        format_ = body.text.format.model_dump(by_alias=True) if body.text and body.text.format else {"type": "text"}
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created,
-            "status": status,
-            "model": self.model,
-            "output": [self.item(gen)] if gen is not None and gen.finished else [],
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "text": {"format": format_},
-            "metadata": body.metadata or {},
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "error": self.error(gen) if status == "failed" else None,
-            "usage": self.usage(gen) if gen is not None and gen.finished else None,
-        }
-
-    @staticmethod
-    def error(gen: Generation | None) -> dict[str, Any]:
-        reason = (gen.finish_reason if gen is not None else None) or {}
-        return {"code": "server_error", "message": reason.get("message", "the generation was aborted")}
-
-    @staticmethod
-    def usage(gen: Generation) -> dict[str, Any]:
-        return {
-            "input_tokens": gen.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": gen.cached_tokens},
-            "output_tokens": gen.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-        }
+def _logprobs(kind: str) -> dict[str, Any]:
+    """A message's text events carry its logprobs (none are asked here); a reasoning item's have none."""
+    return {"logprobs": []} if kind == "message" else {}
 
 
-async def _events(stream: AsyncIterator[Generation], view: ResponseView) -> AsyncGenerator[dict[str, Any], None]:
-    """The Responses API's stream of one message, each event numbered."""
-    where = {"item_id": view.item_id, "output_index": 0, "content_index": 0}
-    number = 0
+class ResponseEvents:
+    """The stream's events, numbered, and which text items it has opened and how much of each
+    text it has sent."""
 
-    def event(kind: str, **fields: Any) -> dict[str, Any]:
-        nonlocal number
-        number += 1
-        return {"type": f"response.{kind}", "sequence_number": number - 1, **fields}
+    def __init__(self, view: ResponseView) -> None:
+        self.view = view
+        self.number = 0
+        self.opened: list[str] = []
+        self.sent = {kind: 0 for kind in TEXT_PARTS}
 
+    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.number += 1
+        return {"type": f"response.{kind}", "sequence_number": self.number - 1, **fields}
+
+    def _where(self, kind: str) -> dict[str, Any]:
+        return {"item_id": self.view.ids[kind], "output_index": self.opened.index(kind), "content_index": 0}
+
+    def text(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """The item ``kind`` opened (if it was not) and what of ``text`` it has not sent."""
+        events = []
+        if kind not in self.opened:
+            self.opened.append(kind)
+            item = self.view.text_item(kind, None, "in_progress")
+            events.append(self.event("output_item.added", output_index=len(self.opened) - 1, item=item))
+            events.append(self.event("content_part.added", **self._where(kind), part=self.view.part(kind, "")))
+        if len(text) > self.sent[kind]:
+            delta = text[self.sent[kind] :]
+            events.append(self.event(f"{TEXT_PARTS[kind]}.delta", **self._where(kind), delta=delta, **_logprobs(kind)))
+            self.sent[kind] = len(text)
+        return events
+
+    def finished(self, gen: Generation, answer: Answer) -> list[dict[str, Any]]:
+        """Each item ended (a call opened and ended at once), then the response's last event."""
+        view, events, status = self.view, [], self.view.item_status(gen)
+        for kind, text in answer.texts.items():
+            events += self.text(kind, text)
+            events.append(self.event(f"{TEXT_PARTS[kind]}.done", **self._where(kind), text=text, **_logprobs(kind)))
+            events.append(self.event("content_part.done", **self._where(kind), part=view.part(kind, text)))
+            item = view.text_item(kind, text, status)
+            events.append(self.event("output_item.done", output_index=self.opened.index(kind), item=item))
+        for index, call in enumerate(answer.calls, start=len(answer.texts)):
+            arguments = call["function"]["arguments"]
+            where = {"item_id": view.call_id(call), "output_index": index}
+            events.append(
+                self.event("output_item.added", output_index=index, item=view.call_item(call, "", "in_progress"))
+            )
+            events.append(self.event("function_call_arguments.delta", **where, delta=arguments))
+            events.append(self.event("function_call_arguments.done", **where, arguments=arguments))
+            events.append(
+                self.event("output_item.done", output_index=index, item=view.call_item(call, arguments, "completed"))
+            )
+        return [*events, self.event(view.status(gen), response=view.response(gen, answer))]
+
+
+async def _events(
+    ctx: ApiContext, stream: AsyncIterator[Generation], view: ResponseView
+) -> AsyncGenerator[dict[str, Any], None]:
+    """The Responses API's stream of one answer. Text that may yet be a marker or a tool call
+    is held until it is known (as a chat's stream holds it); calls go out whole."""
     # the first output comes before the first event: a request the router refuses at once (a
     # prompt over the context, a bad grammar) is then the HTTP error, as a chat's stream is
     first = await anext(stream)
-    yield event("created", response=view.response(None))
-    yield event("in_progress", response=view.response(None))
-    yield event("output_item.added", output_index=0, item=view.item(None))
-    yield event("content_part.added", **where, part=view.part(""))
+    events = ResponseEvents(view)
+    yield events.event("created", response=view.response(None))
+    yield events.event("in_progress", response=view.response(None))
     async for gen in _chained(first, stream):
-        if gen.new_text:
-            yield event("output_text.delta", **where, delta=gen.new_text, logprobs=[])
         if gen.finished:
-            yield event("output_text.done", **where, text=gen.text, logprobs=[])
-            yield event("content_part.done", **where, part=view.part(gen.text))
-            yield event("output_item.done", output_index=0, item=view.item(gen))
-            yield event(view.status(gen), response=view.response(gen))
+            for event in events.finished(gen, await read_answer(ctx, view, gen)):
+                yield event
+            continue
+        thought, answer = view.reader.streamable(gen.text)
+        for kind, text in (("reasoning", thought), ("message", answer)):
+            if text:
+                for event in events.text(kind, text):
+                    yield event
 
 
 async def _chained(first: Generation, rest: AsyncIterator[Generation]) -> AsyncIterator[Generation]:
@@ -126,11 +126,11 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/responses")
     async def responses(request: Request) -> Response:
         body = ResponsesIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
-        (stream,) = start_generations(ctx, request, body, [{"messages": body.messages()}])
-        view = ResponseView(body, model)
+        view = ResponseView(body, model, answer_reader(ctx, body))
+        (stream,) = start_generations(ctx, request, body, [body.chat_input()])
         if body.stream:
-            return await start_stream(request, _events(stream, view), typed=True)
+            return await start_stream(request, _events(ctx, stream, view), typed=True)
         (gen,) = await collect(request, [stream])
-        return JSONResponse(view.response(gen))
+        return JSONResponse(view.response(gen, await read_answer(ctx, view, gen)))
 
     return router

@@ -234,6 +234,52 @@ def test_tool_calls_cut_short_stay_text_and_auto_is_refused(client, model):
         client.chat.completions.create(model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=4)
 
 
+def test_the_responses_api_makes_and_reads_back_function_calls(client, model):
+    """``client.responses`` with flat function tools: a named or required call is a
+    ``function_call`` item (streamed through the SDK's own accumulator), and sent back as input
+    with its ``function_call_output`` it reaches the template as the chat's tool messages."""
+    tools = [{"type": "function", **tool["function"]} for tool in WEATHER_TOOLS]
+    ask = {"model": model, "input": "What is the weather in Paris?", "tools": tools, "temperature": 0}
+    named = client.responses.create(
+        **ask, tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=96
+    )
+    (call,) = named.output
+    assert (call.type, call.name, call.status, named.status) == (
+        "function_call",
+        "get_weather",
+        "completed",
+        "completed",
+    )
+    assert set(json.loads(call.arguments)) == {"city", "unit"} and named.output_text == ""
+    assert call.call_id.startswith("call_") and named.tools[0].name == "get_weather"
+    with client.responses.stream(
+        **ask, tool_choice="required", parallel_tool_calls=False, max_output_tokens=96
+    ) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_response()
+    (required,) = streamed.output
+    assert required.type == "function_call" and required.name in ("get_weather", "get_time")
+    json.loads(required.arguments)
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    answered = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        call,
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees and sunny"},
+    ]
+    reply = client.responses.create(
+        model=model, input=answered, tools=tools, tool_choice="none", temperature=0, max_output_tokens=16
+    )
+    assert [item.type for item in reply.output] == ["message"] and reply.output_text
+    with pytest.raises(openai.BadRequestError, match="needs the server started with --tool-call-parser"):
+        client.responses.create(**ask, max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="tools of type 'web_search'"):
+        client.responses.create(model=model, input="Hi", tools=[{"type": "web_search"}])
+
+
 def test_chat_continues_the_final_assistant_message(server, client, model, model_path):
     """continue_final_message (SGLang's and vLLM's): the prompt ends inside the assistant's
     message, as the native API answers that text."""

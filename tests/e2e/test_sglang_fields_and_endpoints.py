@@ -225,3 +225,31 @@ def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
     assert streamed["function"] == call["function"] and deltas[-1]["finish_reason"] == "tool_calls"
     whole = post(handle, "/v1/chat/completions", {**body, "separate_reasoning": False}).json()["choices"][0]
     assert whole["message"]["content"].startswith("<think>") and "reasoning_content" not in whole["message"]
+    # the Responses API: a reasoning item, the message, a function_call item, streamed or not
+    asked = {
+        "input": "Time?",
+        "tools": [{"type": "function", **tools[0]["function"]}],
+        "regex": written,
+        "max_output_tokens": 160,
+        "temperature": 0,
+    }
+    response = post(handle, "/v1/responses", asked).json()
+    reasoning, said, called = response["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": message["reasoning_content"]}]
+    assert said["content"][0]["text"] == "It is late." and (called["name"], called["arguments"]) == (
+        "get_time",
+        '{"zone": "UTC"}',
+    )
+    assert 0 < response["usage"]["output_tokens_details"]["reasoning_tokens"] < response["usage"]["output_tokens"]
+    with post(handle, "/v1/responses", {**asked, "stream": True}, stream=True) as resp:
+        events = sse_events(resp)
+    assert (
+        "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+        == message["reasoning_content"]
+    )
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "It is late."
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"] == [
+        "reasoning",
+        "message",
+        "function_call",
+    ]

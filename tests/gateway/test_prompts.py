@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PIN, WARM, PromptReader
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PIN, RESPONSES, WARM, PromptReader
 from radixcluster.protocol import GenerateRequest, PromptTokens, SamplingParams
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import prompt_tokens
@@ -115,6 +115,22 @@ def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_
     )
     assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, tools=tools)
     assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, chat_template_kwargs=kwargs)
+    # the Responses API's flat tools and function-call items, read as the same chat
+    calls = [{"type": "function_call", "call_id": "c1", "name": "now", "arguments": "{}"}]
+    answered = [*messages, *calls, {"type": "function_call_output", "call_id": "c1", "output": "noon"}]
+    flat = {"input": answered, "tools": [{"type": "function", "name": "now"}], "tool_choice": "required"}
+    (response,) = PromptReader(tool_tokenizer).read(RESPONSES, flat).prompts
+    chat = [
+        *messages,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": {}}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+    ]
+    assert response.ids.tolist() == router_ids(tool_tokenizer, messages=chat, tools=tools)
+    assert "noon" in tool_tokenizer.decode(response.ids.tolist())
 
 
 def replica_sees(kind: str, routed, body: dict) -> list[GenerateRequest]:

@@ -43,3 +43,16 @@ def test_what_a_stream_sends_is_always_a_prefix_of_the_whole(fmt, text: str) -> 
     for end in range(len(text) + 1):
         thought, answer = fmt.split(text[:end], final=False)
         assert whole[0].startswith(thought) and whole[1].startswith(answer), text[:end]
+
+
+@pytest.mark.parametrize(
+    "fmt, text, written",
+    [
+        (R1, "First, 4.\n</think>\n\nThe answer is 4.", "First, 4.\n</think>"),
+        (R1, "Cut short", "Cut short"),
+        (QWEN3, " <think>\nHmm.\n</think>\n\n4", " <think>\nHmm.\n</think>"),
+        (QWEN3, "The answer is 4.", ""),
+    ],
+)
+def test_the_thinking_as_written_keeps_its_markers(fmt, text: str, written: str) -> None:
+    assert fmt.written(text) == written

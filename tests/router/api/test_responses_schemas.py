@@ -61,10 +61,13 @@ def test_max_output_tokens_and_text_format_become_the_sampling_parameters() -> N
     "body, words",
     [
         ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools of type 'web_search' are not supported"),
+        ({"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "mcp"}}, "'mcp'"),
+        ({"input": "Hi", "tool_choice": "required"}, "tool_choice needs tools"),
         ({"input": "Hi", "n": 2}, "one output"),
         ({"input": ""}, "input"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input"),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input items of type 'web_search_call'"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "a b", "arguments": "{}"}]}, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
         ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "needs a schema"),
     ],
@@ -72,3 +75,80 @@ def test_max_output_tokens_and_text_format_become_the_sampling_parameters() -> N
 def test_what_it_cannot_do_is_refused_by_name(body: dict, words: str) -> None:
     assert words in refusal(body)
     ResponsesIn.model_validate({"input": "Hi", "tools": [], "previous_response_id": None, "store": True})
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+def test_flat_function_tools_read_as_the_chats_and_are_listed_flat_again() -> None:
+    body = ResponsesIn.model_validate(
+        {"input": "Weather?", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}
+    )
+    assert body.template_tools() == [
+        {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+    ]
+    assert body.response_tools() == [WEATHER]
+    # a named call is generated under its parameters' schema, as on the chat endpoint
+    assert json.loads(body.sampling().json_schema) == WEATHER["parameters"]
+    assert body.chat_input()["tools"] == body.template_tools()
+    unforced = ResponsesIn.model_validate({"input": "Weather?", "tools": [WEATHER], "tool_choice": "none"})
+    assert unforced.sampling().json_schema is None
+    forced_with_format = {
+        "input": "Weather?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "text": {"format": {"type": "json_object"}},
+    }
+    assert "it cannot take text.format" in refusal(forced_with_format)
+
+
+def test_calls_their_outputs_and_thinking_become_the_chats_messages() -> None:
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather"}
+    items = [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Two."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {**call, "arguments": '{"city": "Paris"}', "status": "completed"},
+        {**call, "call_id": "call_2", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "21 C"}]},
+        {"type": "reasoning", "id": "rs_2", "summary": [{"type": "summary_text", "text": "Stale."}]},
+        {"role": "user", "content": "And Oslo?"},
+        {**call, "call_id": "call_3", "arguments": '{"city": "Oslo"}'},
+    ]
+    messages = ResponsesIn.model_validate({"input": items}).messages()
+    assert messages == [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Two.",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "21 C"},
+        {"role": "user", "content": "And Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_3", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+            ],
+        },
+    ]
