@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from radixcluster import __version__
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
@@ -16,6 +17,7 @@ from radixcluster.server_args import add_cli_args, check_port_free, server_args_
 def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
     """The bench client is imported only for `radixcluster bench`: `up` never pays for it."""
     parser = argparse.ArgumentParser(prog="radixcluster", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"radixcluster {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
     add_cli_args(up)

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from radixcluster import __version__
 from radixcluster.gateway.config import replica_url_problem
 from radixcluster.gateway.context import GatewayContext, available, each, failures, forward, passed_on
 from radixcluster.gateway.fast_path import GENERATION_ROUTES
@@ -85,6 +86,10 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
         routing = ctx.config.routing
         gateway = {"replicas": [r.url for r in ctx.replicas.list()], "policy": routing.policy}
         return {**info, "gateway": gateway}
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:

@@ -102,6 +102,10 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         info = await ctx.client.control("server_info")
         return {**info, "served_model_name": ctx.config.served_model_name, "version": __version__}
 
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}  # vLLM's endpoint
+
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:
         """Empty the tree; with ``timeout`` (seconds, SGLang's), wait that long for running

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from radixcluster import __version__
 from radixcluster.cli import main
 from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.server_args import (
@@ -225,3 +226,9 @@ def test_sglangs_compact_json_flag_reaches_every_replica():
     args = parse("--constrained-json-disable-any-whitespace", "--dp-size", "2")
     assert args.constrained_json_disable_any_whitespace
     assert "--constrained-json-disable-any-whitespace" in replica_argv(args, exclude=("dp_size",))
+
+
+def test_the_command_says_its_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"radixcluster {__version__}"

@@ -103,7 +103,9 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
     assert info["model_path"].endswith(".gguf") and info["is_generation"] is True
     assert info["tokenizer_path"] == info["model_path"]
     assert get(server, "/server_info").json()["model_path"] == info["model_path"]
-    assert get(server, "/get_server_info").json()["context_length"] > 0
+    server_info = get(server, "/get_server_info").json()
+    assert server_info["context_length"] > 0
+    assert get(server, "/version").json() == {"version": server_info["version"]}  # vLLM's
 
 
 def test_model_card_by_id(server):

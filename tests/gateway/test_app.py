@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from radixcluster import __version__
 from radixcluster.gateway.config import GatewayConfig, HealthTunables
 from radixcluster.gateway.server import create_app
 from support.servers import free_port
@@ -61,6 +62,10 @@ def test_without_an_available_replica_requests_get_503_and_health_fails(client) 
     assert error(client.get("/health"), 503).startswith("unhealthy")
     (replica,) = client.get("/replicas").json()["replicas"]
     assert replica["available"] is False
+
+
+def test_the_version_is_served_without_a_replica(client) -> None:
+    assert client.get("/version").json() == {"version": __version__}
 
 
 def test_bad_bodies_and_missing_keys_are_refused_as_a_replica_would(client) -> None:
