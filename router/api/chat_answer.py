@@ -17,6 +17,11 @@ class ChatAnswerReader:
     reasoning: ReasoningFormat | None = None  # None: the text is all answer
     stream_reasoning: bool = True  # SGLang's: False sends the thinking whole once it has ended
 
+    @property
+    def plain(self) -> bool:
+        """The answer is the text as it comes: nothing held, nothing split off."""
+        return self.reasoning is None and self.tools.format is None and not self.tools.forced
+
     def message(self, text: str) -> dict[str, Any]:
         """A finished choice's message fields."""
         thought, answer = self.reasoning.split(text) if self.reasoning is not None else (None, text)

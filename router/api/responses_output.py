@@ -28,16 +28,17 @@ class Answer:
     texts: dict[str, str]
     calls: list[dict[str, Any]] = field(default_factory=list)
     reasoning_tokens: int = 0
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # the message's, when asked
 
     @classmethod
-    def of(cls, message: dict[str, Any], reasoning_tokens: int) -> Answer:
+    def of(cls, message: dict[str, Any], reasoning_tokens: int, logprobs: list[dict[str, Any]] | None = None) -> Answer:
         """From a chat message's fields: thinking and text when there was some; an empty text
         when there was nothing at all."""
         texts = {"reasoning": message["reasoning_content"]} if message.get("reasoning_content") else {}
         calls = message.get("tool_calls") or []
         if message["content"] or not (texts or calls):
             texts["message"] = message["content"] or ""
-        return cls(texts, calls, reasoning_tokens)
+        return cls(texts, calls, reasoning_tokens, logprobs or [])
 
 
 class ResponseView:
@@ -60,14 +61,16 @@ class ResponseView:
         return status if status in ("in_progress", "completed") else "incomplete"
 
     @staticmethod
-    def part(kind: str, text: str) -> dict[str, Any]:
+    def part(kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if kind == "message":
-            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
         return {"type": TEXT_PARTS[kind], "text": text}
 
-    def text_item(self, kind: str, text: str | None, status: str) -> dict[str, Any]:
+    def text_item(
+        self, kind: str, text: str | None, status: str, logprobs: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """A reasoning or message item; ``text`` None: one just opened, without its part."""
-        content = [] if text is None else [self.part(kind, text)]
+        content = [] if text is None else [self.part(kind, text, logprobs)]
         if kind == "message":
             return {"type": "message", "id": self.ids[kind], "status": status, "role": "assistant", "content": content}
         return {"type": "reasoning", "id": self.ids[kind], "summary": [], "content": content, "status": status}
@@ -89,7 +92,11 @@ class ResponseView:
 
     def items(self, gen: Generation, answer: Answer) -> list[dict[str, Any]]:
         status = self.item_status(gen)
-        texts = [self.text_item(kind, answer.texts[kind], status) for kind in TEXT_PARTS if kind in answer.texts]
+        texts = [
+            self.text_item(kind, answer.texts[kind], status, answer.logprobs)
+            for kind in TEXT_PARTS
+            if kind in answer.texts
+        ]
         calls = [self.call_item(call, call["function"]["arguments"], "completed") for call in answer.calls]
         return texts + calls
 

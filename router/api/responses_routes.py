@@ -15,7 +15,7 @@ from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import tokenizer_call
 from radixcluster.router.api.errors import read_json
 from radixcluster.router.api.generation import Generation, collect, start_stream
-from radixcluster.router.api.openai_routes import answer_reader, start_generations
+from radixcluster.router.api.openai_routes import answer_reader, chat_logprobs, start_generations
 from radixcluster.router.api.responses_output import TEXT_PARTS, Answer, ResponseView
 from radixcluster.router.api.responses_schemas import ResponsesIn
 
@@ -28,12 +28,32 @@ async def read_answer(ctx: ApiContext, view: ResponseView, gen: Generation) -> A
     if written:
         tokens = await tokenizer_call(ctx, "tokenize", {"prompts": [written], "add_special_tokens": False})
         counted = min(len(tokens["tokens"][0]), gen.completion_tokens)
-    return Answer.of(view.reader.message(gen.text), counted)
+    message = view.reader.message(gen.text)
+    logprobs = message_logprobs(gen, message["content"], len(written)) if view.body.wants_logprobs else []
+    return Answer.of(message, counted, logprobs)
 
 
-def _logprobs(kind: str) -> dict[str, Any]:
-    """A message's text events carry its logprobs (none are asked here); a reasoning item's have none."""
-    return {"logprobs": []} if kind == "message" else {}
+def message_logprobs(gen: Generation, content: str | None, after: int) -> list[dict[str, Any]]:
+    """The logprobs of the tokens that wrote the message's text: all of them when it is the
+    whole output, else those whose text starts inside it (the tokens' texts laid end to end;
+    ``after``: where the thinking ended)."""
+    entries = chat_logprobs(gen.output_logprobs, gen.token_texts)["content"]
+    if not content or content == gen.text:
+        return entries if content else []
+    start = gen.text.find(content, after)
+    if start < 0:
+        return []
+    chosen, at = [], 0
+    for entry in entries:
+        if start <= at < start + len(content):
+            chosen.append(entry)
+        at += len(entry["token"])
+    return chosen
+
+
+def _logprobs(kind: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A message's text events carry its logprobs; a reasoning item's have none."""
+    return {"logprobs": logprobs} if kind == "message" else {}
 
 
 class ResponseEvents:
@@ -53,28 +73,40 @@ class ResponseEvents:
     def _where(self, kind: str) -> dict[str, Any]:
         return {"item_id": self.view.ids[kind], "output_index": self.opened.index(kind), "content_index": 0}
 
-    def text(self, kind: str, text: str) -> list[dict[str, Any]]:
-        """The item ``kind`` opened (if it was not) and what of ``text`` it has not sent."""
+    def text(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The item ``kind`` opened (if it was not) and what of ``text`` it has not sent, with
+        the ``logprobs`` of its tokens where they are known."""
         events = []
         if kind not in self.opened:
             self.opened.append(kind)
             item = self.view.text_item(kind, None, "in_progress")
             events.append(self.event("output_item.added", output_index=len(self.opened) - 1, item=item))
             events.append(self.event("content_part.added", **self._where(kind), part=self.view.part(kind, "")))
-        if len(text) > self.sent[kind]:
+        if len(text) > self.sent[kind] or logprobs:  # a stop token's logprob comes without text
             delta = text[self.sent[kind] :]
-            events.append(self.event(f"{TEXT_PARTS[kind]}.delta", **self._where(kind), delta=delta, **_logprobs(kind)))
+            fields = _logprobs(kind, logprobs or [])
+            events.append(self.event(f"{TEXT_PARTS[kind]}.delta", **self._where(kind), delta=delta, **fields))
             self.sent[kind] = len(text)
         return events
+
+    def delta_logprobs(self, gen: Generation) -> list[dict[str, Any]]:
+        """The logprobs of ``gen``'s new text, where a delta is known to be the message's new
+        text (an answer streamed as it comes); else the message's end gives them all."""
+        if not self.view.body.wants_logprobs or not self.view.reader.plain:
+            return []
+        return chat_logprobs(gen.new_output_logprobs, gen.token_texts)["content"]
 
     def finished(self, gen: Generation, answer: Answer) -> list[dict[str, Any]]:
         """Each item ended (a call opened and ended at once), then the response's last event."""
         view, events, status = self.view, [], self.view.item_status(gen)
         for kind, text in answer.texts.items():
-            events += self.text(kind, text)
-            events.append(self.event(f"{TEXT_PARTS[kind]}.done", **self._where(kind), text=text, **_logprobs(kind)))
-            events.append(self.event("content_part.done", **self._where(kind), part=view.part(kind, text)))
-            item = view.text_item(kind, text, status)
+            events += self.text(kind, text, self.delta_logprobs(gen) if kind == "message" else [])
+            fields = _logprobs(kind, answer.logprobs)
+            events.append(self.event(f"{TEXT_PARTS[kind]}.done", **self._where(kind), text=text, **fields))
+            events.append(
+                self.event("content_part.done", **self._where(kind), part=view.part(kind, text, answer.logprobs))
+            )
+            item = view.text_item(kind, text, status, answer.logprobs)
             events.append(self.event("output_item.done", output_index=self.opened.index(kind), item=item))
         for index, call in enumerate(answer.calls, start=len(answer.texts)):
             arguments = call["function"]["arguments"]
@@ -107,9 +139,9 @@ async def _events(
                 yield event
             continue
         thought, answer = view.reader.streamable(gen.text)
-        for kind, text in (("reasoning", thought), ("message", answer)):
-            if text:
-                for event in events.text(kind, text):
+        for kind, text, logprobs in (("reasoning", thought, []), ("message", answer, events.delta_logprobs(gen))):
+            if text or logprobs:
+                for event in events.text(kind, text, logprobs):
                     yield event
 
 
@@ -127,7 +159,9 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
     async def responses(request: Request) -> Response:
         body = ResponsesIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
         view = ResponseView(body, model, answer_reader(ctx, body))
-        (stream,) = start_generations(ctx, request, body, [body.chat_input()])
+        (stream,) = start_generations(
+            ctx, request, body, [body.chat_input()], body.wants_logprobs, body.top_logprobs or 0
+        )
         if body.stream:
             return await start_stream(request, _events(ctx, stream, view), typed=True)
         (gen,) = await collect(request, [stream])

@@ -27,6 +27,7 @@ UNSUPPORTED_RESPONSES = {
     "prompt": "stored prompt templates are not supported",
     "background": "background responses are not supported",
 }
+LOGPROBS = "message.output_text.logprobs"  # what include names for them
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
@@ -157,6 +158,9 @@ class ResponsesIn(ToolsRequest):
     max_output_tokens: int | None = Field(None, ge=0)
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
+    # what else the output carries; of the API's options only the message's logprobs apply here
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="before")
     @classmethod
@@ -194,6 +198,12 @@ class ResponsesIn(ToolsRequest):
         if self.gateway_tokens is not None:
             self.gateway_tokens.check_count(1)
         return self
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """The message's text comes with its tokens' logprobs (asked as OpenAI asks them, or by
+        ``top_logprobs`` alone)."""
+        return self.top_logprobs is not None or LOGPROBS in (self.include or [])
 
     def answer_format(self) -> ResponseFormat | None:
         return self.text.format.as_response_format() if self.text and self.text.format else None

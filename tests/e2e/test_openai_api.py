@@ -234,6 +234,27 @@ def test_tool_calls_cut_short_stay_text_and_auto_is_refused(client, model):
         client.chat.completions.create(model=model, messages=messages, tools=WEATHER_TOOLS, max_tokens=4)
 
 
+def test_the_responses_api_gives_the_messages_logprobs_as_the_chat_does(client, model):
+    """``include=["message.output_text.logprobs"]`` with ``top_logprobs``: the output text's
+    tokens and logprobs, the chat's for the same greedy answer, streamed with the deltas too."""
+    chat = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2
+    )
+    expected = chat.choices[0].logprobs.content
+    ask = dict(model=model, input=QUESTION[0]["content"], max_output_tokens=12, temperature=0, top_logprobs=2)
+    response = client.responses.create(**ask, include=["message.output_text.logprobs"])
+    (part,) = response.output[0].content
+    assert [e.token for e in part.logprobs] == [e.token for e in expected]
+    assert [e.logprob for e in part.logprobs] == pytest.approx([e.logprob for e in expected], abs=1e-4)
+    assert all(len(e.top_logprobs) == 2 for e in part.logprobs)
+    assert "".join(e.token for e in part.logprobs).startswith(part.text)  # then the stop token, as the chat's
+    events = list(client.responses.create(**ask, include=["message.output_text.logprobs"], stream=True))
+    streamed = [e.token for event in events if event.type == "response.output_text.delta" for e in event.logprobs]
+    assert streamed == [e.token for e in part.logprobs]
+    unasked = client.responses.create(**{**ask, "top_logprobs": None})
+    assert unasked.output[0].content[0].logprobs == []
+
+
 def test_the_responses_api_makes_and_reads_back_function_calls(client, model):
     """``client.responses`` with flat function tools: a named or required call is a
     ``function_call`` item (streamed through the SDK's own accumulator), and sent back as input

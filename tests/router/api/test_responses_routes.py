@@ -11,7 +11,7 @@ from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.generation import Generation
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.responses_output import Answer, ResponseView
-from radixcluster.router.api.responses_routes import ResponseEvents
+from radixcluster.router.api.responses_routes import ResponseEvents, message_logprobs
 from radixcluster.router.api.responses_schemas import ResponsesIn
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
@@ -66,3 +66,45 @@ def test_each_item_opens_streams_and_closes_where_the_response_lists_it(thinking
     for index, item in enumerate(response["output"]):
         whole = item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"]
         assert deltas[index] == whole
+
+
+def generation_of(tokens: list[str]) -> Generation:
+    """A finished generation of ``tokens`` (ids 0, 1, ...), each with its logprob."""
+    texts = dict(enumerate(tokens))
+    entries = [[-0.1 * i, i, []] for i in range(len(tokens))]
+    return Generation(
+        rid="r",
+        text="".join(tokens),
+        finished=True,
+        finish_reason={"type": "stop"},
+        token_texts=texts,
+        all_output_logprobs=entries,
+        num_output_logprobs=len(entries),
+    )
+
+
+def test_the_messages_logprobs_are_those_of_the_tokens_that_wrote_it() -> None:
+    plain = generation_of(["It", " is", " noon", "."])
+    assert [e["token"] for e in message_logprobs(plain, "It is noon.", 0)] == ["It", " is", " noon", "."]
+    split = generation_of(
+        [
+            "<think>",
+            "Hm",
+            "</think>",
+            "\n\n",
+            "Let",
+            " me",
+            " look",
+            ".",
+            "<tool_call>",
+            '{"name": "get_time", "arguments": {}}',
+            "</tool_call>",
+        ]
+    )
+    reader = ChatAnswerReader(ChatToolCalls.of(BODY.tools, "auto", "hermes"), REASONING_FORMATS["qwen3"])
+    content = reader.message(split.text)["content"]
+    assert content == "Let me look."
+    chosen = message_logprobs(split, content, len(REASONING_FORMATS["qwen3"].written(split.text)))
+    assert [e["token"] for e in chosen] == ["Let", " me", " look", "."]
+    assert chosen[0]["logprob"] == pytest.approx(-0.4) and chosen[0]["bytes"] == list(b"Let")
+    assert message_logprobs(split, None, 0) == []
