@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import tokenizer_call
-from radixcluster.router.api.errors import read_json
+from radixcluster.router.api.errors import ApiError, read_json
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.openai_routes import answer_reader, chat_logprobs, start_generations
 from radixcluster.router.api.responses_output import TEXT_PARTS, Answer, ResponseView
@@ -166,5 +166,16 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
             return await start_stream(request, _events(ctx, stream, view), typed=True)
         (gen,) = await collect(request, [stream])
         return JSONResponse(view.response(gen, await read_answer(ctx, view, gen)))
+
+    @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    @router.api_route("/v1/responses/{response_id}/{action:path}", methods=["GET", "POST"])
+    async def stored(response_id: str) -> Response:
+        """What would read, cancel or delete a stored response (the SDK's retrieve, cancel,
+        delete, input_items): nothing is stored, so there is nothing to find."""
+        raise ApiError(
+            404,
+            f"no response {response_id!r}: this server stores no responses (store has no effect), "
+            "so none can be retrieved, cancelled or deleted; send the whole conversation as input",
+        )
 
     return router

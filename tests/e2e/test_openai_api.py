@@ -571,6 +571,10 @@ def test_the_responses_api_answers_as_the_chat_does(client, model, server):
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=model, input="Hi", previous_response_id=response.id)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        client.responses.input_items.list(response.id)
     # a stream that fails after its first event ends with the API's error event
     late = {"input": "Count to ten thousand.", "max_output_tokens": 4000, "ignore_eos": True, "deadline_s": 3}
     with post(server, "/v1/responses", {**late, "stream": True}, stream=True) as resp:
