@@ -177,6 +177,7 @@ class Launcher:
                 shutdown_timeout_s=args.shutdown_timeout,
                 tool_call_parser=args.tool_call_parser,
                 reasoning_parser=args.reasoning_parser,
+                context_length=plan.context_length,
             ),
         )
         self._wait_api_ready(api)

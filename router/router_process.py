@@ -352,6 +352,7 @@ class Router:
         ``messages`` rendered with the chat template first; ValueError on a bad chat, or on
         more text than one prompt can hold (tokenizing it would hold up the loop)."""
         if "messages" in args:
+            self.intake.check_chat(args["messages"])
             text = self.tokenizer.apply_chat_template(
                 args["messages"],
                 args.get("add_generation_prompt", True),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
@@ -31,6 +32,12 @@ class ApiConfig:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     tool_call_parser: str | None = None  # the served model's format of tool calls (tool_parsers)
     reasoning_parser: str | None = None  # how the served model marks its thinking (reasoning)
+    context_length: int | None = None  # the served context: a chat of more messages is refused at once
+
+    @property
+    def validation(self) -> dict[str, Any]:
+        """The context request bodies are validated in (the schemas' ``ValidationInfo.context``)."""
+        return {"max_messages": self.context_length}
 
 
 @dataclass(slots=True)

@@ -305,7 +305,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = ChatCompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = ChatCompletionIn.model_validate(
+            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
+        )
         reader = answer_reader(ctx, body, body.separate_reasoning, body.stream_reasoning)
         streams = start_generations(ctx, request, body, [body.chat_input()], body.logprobs, body.top_logprobs or 0)
         if body.stream:

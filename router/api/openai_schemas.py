@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixcluster.protocol import PromptPin
 from radixcluster.router.api.cache_control_field import CacheControlIn
@@ -326,6 +326,19 @@ class ChatMessageIn(BaseModel):
         return message | {key: value for key, value in extra.items() if value is not None}
 
 
+def check_message_count(items: Any, info: ValidationInfo) -> Any:
+    """Refuse a chat of more messages than the served context has tokens (each takes a token at
+    least; the validation context's ``max_messages``), before they are read one by one: a 16 MB
+    body of one-letter messages held the api's loop for a second."""
+    most = (info.context or {}).get("max_messages")
+    if most is not None and isinstance(items, list) and len(items) > most:
+        raise ValueError(
+            f"{len(items)} messages; this model's context of {most} tokens holds fewer (every message takes a "
+            "token at least)"
+        )
+    return items
+
+
 class ToolsRequest(OpenAIRequest):
     """A request that may offer the model tools: the chat, and the Responses API, which reads
     its tools into the same shape."""
@@ -402,6 +415,8 @@ class ChatCompletionIn(ToolsRequest):
     # SGLang's, with --reasoning-parser: the thinking apart from the answer, streamed as it comes
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+
+    _messages_fit = field_validator("messages", mode="before")(check_message_count)
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionIn:

@@ -157,7 +157,9 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request) -> Response:
-        body = ResponsesIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = ResponsesIn.model_validate(
+            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
+        )
         view = ResponseView(body, model, answer_reader(ctx, body))
         (stream,) = start_generations(
             ctx, request, body, [body.chat_input()], body.wants_logprobs, body.top_logprobs or 0

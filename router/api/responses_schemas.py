@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from radixcluster.router.api.native_schemas import SamplingParamsIn
 from radixcluster.router.api.openai_schemas import (
@@ -16,6 +16,7 @@ from radixcluster.router.api.openai_schemas import (
     JsonSchemaFormat,
     ResponseFormat,
     ToolsRequest,
+    check_message_count,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
 
@@ -182,7 +183,8 @@ class ResponsesIn(ToolsRequest):
 
     @field_validator("input", mode="before")
     @classmethod
-    def _known_items(cls, items: Any) -> Any:
+    def _known_items(cls, items: Any, info: ValidationInfo) -> Any:
+        check_message_count(items, info)
         for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and _item_type(item) not in ITEM_TYPES:
                 raise ValueError(

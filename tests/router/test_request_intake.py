@@ -96,3 +96,12 @@ def test_a_pinned_message_of_a_chat_with_tools_is_a_prefix_of_its_prompt(model_p
     assert text.startswith("<|im_start|>system\nTools:\n") and ttl == 60.0
     assert 0 < pinned.size < request.prompt_ids.size
     assert request.prompt_ids[: pinned.size].tolist() == pinned.tolist()
+
+
+def test_a_chat_of_more_messages_than_the_context_has_tokens_is_refused_before_rendering(model_path) -> None:
+    intake = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=100_000)
+    chat = [{"role": "user", "content": "a"}] * 65
+    msg = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=1), messages=chat)
+    with pytest.raises(RequestRejected, match="the chat has 65 messages; this model's context of 64 tokens"):
+        intake.make_request(msg)
+    intake.check_chat(chat[:64])  # as many as it has tokens: left to the rendered prompt's own checks

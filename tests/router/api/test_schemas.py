@@ -21,6 +21,7 @@ from radixcluster.router.api.native_schemas import (
     SamplingParamsIn,
 )
 from radixcluster.router.api.openai_schemas import JSON_OBJECT_SCHEMA, ChatCompletionIn, CompletionIn
+from radixcluster.router.api.responses_schemas import ResponsesIn
 
 BIG = 2**63
 CHAT = [{"role": "user", "content": "hi"}]
@@ -137,6 +138,21 @@ def test_only_an_assistants_message_may_come_without_content() -> None:
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": ""}]
     body = ChatCompletionIn.model_validate({"messages": chat})
     assert [m.as_dict()["content"] for m in body.messages] == ["hi", "", ""]
+
+
+@pytest.mark.parametrize(
+    "model, body",
+    [
+        (ChatCompletionIn, {"messages": [{"role": "user", "content": "a"}] * 3}),
+        (ResponsesIn, {"input": [{"role": "user", "content": "a"}] * 3}),
+    ],
+)
+def test_a_chat_of_more_messages_than_the_context_has_tokens_is_refused(model: type, body: dict) -> None:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body, context={"max_messages": 2})
+    assert "3 messages; this model's context of 2 tokens holds fewer" in describe_validation_error(info.value)
+    model.model_validate(body, context={"max_messages": 3})
+    model.model_validate(body)  # no context given (the gateway's reading): not counted
 
 
 def test_the_limits_themselves_are_accepted() -> None:
