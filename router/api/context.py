@@ -37,7 +37,7 @@ class ApiConfig:
     @property
     def validation(self) -> dict[str, Any]:
         """The context request bodies are validated in (the schemas' ``ValidationInfo.context``)."""
-        return {"max_messages": self.context_length}
+        return {"context_length": self.context_length}
 
 
 @dataclass(slots=True)

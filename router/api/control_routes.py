@@ -42,7 +42,9 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/tokenize")
     @router.post("/v1/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = TokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = TokenizeIn.model_validate(
+            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
+        )
         tokens = (await tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
         info = await ctx.client.control("server_info")
         return body.answer(tokens, info["context_length"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixcluster.router.api.native_schemas import TokenId
+from radixcluster.router.api.native_schemas import TokenId, fits_context
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
 
 
@@ -23,6 +23,8 @@ class TokenizeIn(BaseModel):
     # a chat's, rendered as the chat endpoint renders them (vLLM's /tokenize takes them too)
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     chat_template_kwargs: dict[str, Any] | None = None
+
+    _messages_fit = field_validator("messages", mode="before")(fits_context)
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeIn:

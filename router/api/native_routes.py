@@ -54,7 +54,9 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        body = GenerateIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = GenerateIn.model_validate(
+            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
+        )
         deadline = deadline_of(body.deadline_s)
         streams = [run_generation(ctx.client, sub, ctx.metrics, deadline) for sub in body.expand()]
         as_list = body.returns_list()

@@ -90,6 +90,31 @@ def check_generations(prompts: int, generations: int) -> None:
         )
 
 
+def fits_context(items: Any, info: ValidationInfo, what: str = "items") -> Any:
+    """Refuse a list of more ``what`` than the served context has tokens (each takes a token at
+    least) before its items are read one by one: a 16 MB body of tiny items held the api's loop
+    for over a second. The context is the validation's (``ApiConfig.validation``); a body read
+    without one (the gateway's reading) is not counted."""
+    most = (info.context or {}).get("context_length")
+    if most is not None and isinstance(items, list) and len(items) > most:
+        raise ValueError(
+            f"{len(items)} {what}; this model's context of {most} tokens holds fewer (each takes a token at least)"
+        )
+    return items
+
+
+def prompts_fit_context(prompts: Any, info: ValidationInfo) -> Any:
+    """A prompt, or a batch of prompts (each a text or token ids): a batch no longer than one
+    request may generate from, and token ids that fit the context."""
+    if not isinstance(prompts, list) or not prompts or not isinstance(prompts[0], (list, str)):
+        return fits_context(prompts, info, "token ids")
+    if len(prompts) > MAX_GENERATIONS:
+        raise ValueError(f"{len(prompts)} prompts; at most {MAX_GENERATIONS} generations per request")
+    for prompt in prompts:
+        fits_context(prompt, info, "token ids")
+    return prompts
+
+
 def _is_default(value: Any) -> bool:
     """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists)."""
     if isinstance(value, list):
@@ -264,6 +289,8 @@ class GenerateIn(BaseModel):
     extra_key: Key | list[Key] | None = None
     deadline_s: Deadline = None
     gateway_tokens: GatewayTokensIn | None = None
+
+    _prompts_fit = field_validator("text", "input_ids", mode="before")(prompts_fit_context)
 
     @model_validator(mode="before")
     @classmethod

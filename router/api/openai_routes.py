@@ -277,7 +277,9 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = CompletionIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = CompletionIn.model_validate(
+            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
+        )
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
         echoes = await _echo_texts(ctx, body)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixcluster.protocol import PromptPin
 from radixcluster.router.api.cache_control_field import CacheControlIn
@@ -23,7 +23,9 @@ from radixcluster.router.api.native_schemas import (
     TokenId,
     check_generations,
     drop_unsupported,
+    fits_context,
     id_prompts,
+    prompts_fit_context,
 )
 from radixcluster.router.api.tool_calls import (
     MAX_TOOLS,
@@ -257,6 +259,8 @@ class CompletionIn(OpenAIRequest):
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=1)  # one sample per choice: only 1 (bench_serving sends it)
 
+    _prompts_fit = field_validator("prompt", mode="before")(prompts_fit_context)
+
     @model_validator(mode="after")
     def _check(self) -> CompletionIn:
         prompts = self.prompts()
@@ -302,6 +306,8 @@ class ChatMessageIn(BaseModel):
     tool_call_id: str | None = None
     name: str | None = None
 
+    _parts_fit = field_validator("content", "tool_calls", mode="before")(fits_context)
+
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessageIn:
         # only an assistant's message may come without content (OpenAI's rule: one that made tool calls)
@@ -324,19 +330,6 @@ class ChatMessageIn(BaseModel):
             message["tool_calls"] = template_tool_calls(self.tool_calls)
         extra = {"tool_call_id": self.tool_call_id, "name": self.name}
         return message | {key: value for key, value in extra.items() if value is not None}
-
-
-def check_message_count(items: Any, info: ValidationInfo) -> Any:
-    """Refuse a chat of more messages than the served context has tokens (each takes a token at
-    least; the validation context's ``max_messages``), before they are read one by one: a 16 MB
-    body of one-letter messages held the api's loop for a second."""
-    most = (info.context or {}).get("max_messages")
-    if most is not None and isinstance(items, list) and len(items) > most:
-        raise ValueError(
-            f"{len(items)} messages; this model's context of {most} tokens holds fewer (every message takes a "
-            "token at least)"
-        )
-    return items
 
 
 class ToolsRequest(OpenAIRequest):
@@ -416,7 +409,7 @@ class ChatCompletionIn(ToolsRequest):
     separate_reasoning: bool = True
     stream_reasoning: bool = True
 
-    _messages_fit = field_validator("messages", mode="before")(check_message_count)
+    _messages_fit = field_validator("messages", mode="before")(fits_context)
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionIn:

@@ -9,14 +9,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from radixcluster.router.api.native_schemas import SamplingParamsIn
+from radixcluster.router.api.native_schemas import SamplingParamsIn, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
     JsonSchemaFormat,
     ResponseFormat,
     ToolsRequest,
-    check_message_count,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
 
@@ -50,6 +49,8 @@ class InputMessage(BaseModel):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[InputText]
 
+    _parts_fit = field_validator("content", mode="before")(fits_context)
+
     def as_dict(self) -> dict[str, Any]:
         return {"role": self.role, "content": _joined(self.content)}
 
@@ -76,6 +77,8 @@ class FunctionCallOutputItem(BaseModel):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[InputText]
+
+    _parts_fit = field_validator("output", mode="before")(fits_context)
 
     def as_dict(self) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": self.call_id, "content": _joined(self.output)}
@@ -184,7 +187,7 @@ class ResponsesIn(ToolsRequest):
     @field_validator("input", mode="before")
     @classmethod
     def _known_items(cls, items: Any, info: ValidationInfo) -> Any:
-        check_message_count(items, info)
+        fits_context(items, info)
         for item in items if isinstance(items, list) else []:
             if isinstance(item, dict) and _item_type(item) not in ITEM_TYPES:
                 raise ValueError(

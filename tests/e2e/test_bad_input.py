@@ -70,7 +70,20 @@ NATIVE_CASES = {
     "a 200,000-character cache_salt": ({"text": TEXT, "cache_salt": "s" * 200_000}, "cache_salt"),
 }
 
+# more of something than the context (8192) has tokens: refused before it is read item by item
+MANY = 8193
 OPENAI_CASES = {
+    "chat of more messages than the context has tokens": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a"}] * MANY},
+        "8193 items; this model's context of 8192 tokens",
+    ),
+    "response of more content parts than the context has tokens": (
+        "/v1/responses",
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}] * MANY}]},
+        "input.0.message.content: 8193 items",
+    ),
+    "completion of more token ids than the context": ("/v1/completions", {"prompt": [504] * MANY}, "8193 token ids"),
     "chat with an unknown role": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     "chat without messages": ("/v1/chat/completions", {"messages": []}, "messages"),
     "chat with an image part": (
@@ -131,6 +144,11 @@ OPENAI_CASES = {
 TOKENIZER_CASES = {
     "tokenize bomb": ("/tokenize", {"prompt": ["hello " * 60_000] * 2}, "characters"),
     "detokenize bomb": ("/detokenize", {"tokens": [504] * 700_000}, "token ids"),
+    "tokenize a chat of more messages than the context has tokens": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "a"}] * MANY},
+        "messages: 8193 items",
+    ),
 }
 
 

@@ -144,15 +144,30 @@ def test_only_an_assistants_message_may_come_without_content() -> None:
     "model, body",
     [
         (ChatCompletionIn, {"messages": [{"role": "user", "content": "a"}] * 3}),
+        (ChatCompletionIn, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 3}]}),
         (ResponsesIn, {"input": [{"role": "user", "content": "a"}] * 3}),
+        (ResponsesIn, {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}] * 3}]}),
+        (CompletionIn, {"prompt": [1, 2, 3]}),
+        (CompletionIn, {"prompt": [[1], [1, 2, 3]]}),
+        (GenerateIn, {"input_ids": [1, 2, 3]}),
     ],
 )
-def test_a_chat_of_more_messages_than_the_context_has_tokens_is_refused(model: type, body: dict) -> None:
+def test_lists_longer_than_the_context_has_tokens_are_refused_before_they_are_read(model: type, body: dict) -> None:
+    """Messages, content parts, token ids: each takes a token at least."""
     with pytest.raises(ValidationError) as info:
-        model.model_validate(body, context={"max_messages": 2})
-    assert "3 messages; this model's context of 2 tokens holds fewer" in describe_validation_error(info.value)
-    model.model_validate(body, context={"max_messages": 3})
+        model.model_validate(body, context={"context_length": 2})
+    message = describe_validation_error(info.value)
+    assert message.endswith("this model's context of 2 tokens holds fewer (each takes a token at least)")
+    assert ": 3 items;" in message or ": 3 token ids;" in message
+    model.model_validate(body, context={"context_length": 3})
     model.model_validate(body)  # no context given (the gateway's reading): not counted
+
+
+def test_a_batch_of_more_prompts_than_one_request_may_generate_from_is_refused_at_once() -> None:
+    with pytest.raises(ValidationError, match="257 prompts; at most 256 generations per request"):
+        GenerateIn.model_validate({"input_ids": [[1]] * 257})
+    with pytest.raises(ValidationError, match="257 prompts"):
+        CompletionIn.model_validate({"prompt": ["a"] * 257})
 
 
 def test_the_limits_themselves_are_accepted() -> None:
