@@ -80,9 +80,12 @@ def _prompt(ids: list[int] | np.ndarray, salt: str | None, logprob_start_len: in
 class PromptReader:
     """Parses request bodies into RoutedRequests with the replicas' tokenizer."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, context_length: int | None = None) -> None:
         self.tokenizer = tokenizer
         self._encoder = SegmentEncoder(tokenizer)
+        # the model's context, which no replica's exceeds: a body with longer lists than it is
+        # refused before they are read one by one (the schemas' validation context)
+        self._validation = {"context_length": context_length}
 
     def _tokenize(self, given: list[str | list[int]]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
         """Each prompt's ids, and the same with None for a prompt given as ids (a text that
@@ -140,11 +143,11 @@ class PromptReader:
 
     def _read(self, kind: str, body: dict[str, Any]) -> RoutedRequest:
         if kind in CACHE_KINDS:
-            prefix = CACHE_KINDS[kind].model_validate(body)
+            prefix = CACHE_KINDS[kind].model_validate(body, context=self._validation)
             prefix_ids = prefix.input_ids if prefix.input_ids is not None else self._encode(prefix.text)
             return RoutedRequest(kind, body, [_prompt(prefix_ids, prefix.cache_salt)], stream=False)
         if kind == NATIVE:
-            native = GenerateIn.model_validate(body)
+            native = GenerateIn.model_validate(body, context=self._validation)
             inputs, tokenized = self._tokenize(native.prompts())
             prompts = []
             # the order of native.expand() (prompt-major, each prompt n times), without the
@@ -154,7 +157,7 @@ class PromptReader:
                 prompts += [_prompt(ids, salt, start) for _ in range(native.params_for(i).n)]
             return RoutedRequest(kind, body, prompts, native.stream, gateway_tokens=self._gateway_tokens(tokenized))
         if kind == COMPLETIONS:
-            completion = CompletionIn.model_validate(body)
+            completion = CompletionIn.model_validate(body, context=self._validation)
             inputs, tokenized = self._tokenize(completion.prompts())
             start = 0 if completion.prompt_logprobs else -1  # echo with logprobs scores the whole prompt
             salt = cache_namespace(completion.cache_salt, completion.extra_key)
@@ -162,11 +165,11 @@ class PromptReader:
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
         if kind == RESPONSES:  # a chat whose usage always comes with its answer
-            response = ResponsesIn.model_validate(body)
+            response = ResponsesIn.model_validate(body, context=self._validation)
             ids = self._encode(**response.chat_input())
             prompts = [_prompt(ids, cache_namespace(response.cache_salt, response.extra_key))]
             return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
-        chat = ChatCompletionIn.model_validate(body)
+        chat = ChatCompletionIn.model_validate(body, context=self._validation)
         ids = self._encode(**chat.chat_input())
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]
         field = self._gateway_tokens([ids])

@@ -24,6 +24,7 @@ from radixcluster.gateway.prompts import PromptReader
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
+from radixcluster.model_config import load_model_config
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import BoundedHeadProtocol
@@ -41,7 +42,9 @@ def create_app(config: GatewayConfig) -> ASGIApp:
     ctx = GatewayContext(
         config=config,
         replicas=replicas,
-        reader=PromptReader(load_tokenizer(config.model_path)),
+        reader=PromptReader(
+            load_tokenizer(config.model_path), load_model_config(config.model_path).max_position_embeddings
+        ),
         forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, config.max_body_bytes),
         metrics=metrics,
     )

@@ -215,3 +215,12 @@ def test_the_match_limit_is_all_but_the_last_token_and_not_past_the_first_logpro
 def test_bad_bodies_are_refused_before_any_replica_sees_them(reader, kind, body, error) -> None:
     with pytest.raises(error):
         reader.read(kind, body)
+
+
+def test_lists_longer_than_the_models_context_are_refused_before_they_are_read(tokenizer) -> None:
+    reader = PromptReader(tokenizer, context_length=4)
+    with pytest.raises(ValidationError, match="5 items; this model's context of 4 tokens"):
+        reader.read(CHAT, {"messages": [{"role": "user", "content": "a"}] * 5})
+    with pytest.raises(ValidationError, match="5 token ids"):
+        reader.read(COMPLETIONS, {"prompt": [1, 2, 3, 4, 5]})
+    assert len(reader.read(CHAT, {"messages": [{"role": "user", "content": "a"}] * 4}).prompts) == 1
