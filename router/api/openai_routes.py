@@ -72,6 +72,21 @@ def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
     }
 
 
+def running_usage(gen: Generation, body: OpenAIRequest) -> dict[str, Any]:
+    """vLLM's ``stream_options.continuous_usage_stats``: every chunk of a choice carries its
+    counts so far (nothing without it)."""
+    if not body.continuous_usage:
+        return {}
+    done = gen.completion_tokens
+    return {
+        "usage": {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": done,
+            "total_tokens": gen.prompt_tokens + done,
+        }
+    }
+
+
 def completion_logprobs(entries: list[list[Any]], texts: dict[int, str], offset: int = 0) -> dict[str, Any]:
     """OpenAI's completion logprobs of ``entries`` (``[logprob, id, tops]``); ``text_offset``
     counts each token's text from ``offset``, the length of the choice's text before them."""
@@ -180,7 +195,7 @@ async def _completion_chunks(
             logprobs = completion_logprobs(entries, gen.token_texts, sent[index]) if body.logprobs is not None else None
             sent[index] += len(text)
             choice = {"index": index, "text": text, "logprobs": logprobs, **finish(gen)}
-            yield {**head, "choices": [choice]}
+            yield {**head, "choices": [choice], **running_usage(gen, body)}
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
 
@@ -195,7 +210,8 @@ async def _chat_chunks(
     def chunk(
         index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
     ) -> dict[str, Any]:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, **reason}]}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, **reason}
+        return {**head, "choices": [choice], **running_usage(latest[index], body)}
 
     def news(index: int, parts: dict[str, str | None]) -> dict[str, str]:
         """What of each part was not sent yet (and counts it sent)."""
@@ -207,9 +223,9 @@ async def _chat_chunks(
         return delta
 
     async for index, gen in merge(streams):
-        if latest[index] is None:
+        started, latest[index] = latest[index] is not None, gen
+        if not started:
             yield chunk(index, {"role": "assistant", "content": ""})
-        latest[index] = gen
         logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
         # text that may be a marker or a tool call is held until it is known; calls go out whole
         if not gen.finished:

@@ -150,6 +150,7 @@ class StructuredOutputsIn(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: the counts so far in every chunk too
 
 
 class OpenAIRequest(BaseModel):
@@ -213,6 +214,11 @@ class OpenAIRequest(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk carries its choice's counts so far (vLLM's, with include_usage only)."""
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def sampling(self) -> SamplingParamsIn:
         """The request's sampling parameters in SGLang's terms (each endpoint has its own)."""

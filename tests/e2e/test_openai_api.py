@@ -117,6 +117,24 @@ def test_chat_streaming_matches_the_whole_answer(client, model):
     assert finishes == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert len({c.id for c in chunks}) == 1
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_continuous_usage_stats_put_the_counts_so_far_in_every_chunk(client, model, chat):
+    """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): each chunk's usage
+    counts its choice's tokens so far, up to the final usage chunk's."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    ask = dict(model=model, max_tokens=8, temperature=0, stream=True, stream_options=options)
+    if chat:
+        chunks = list(client.chat.completions.create(**ask, messages=QUESTION))
+    else:
+        chunks = list(client.completions.create(**ask, prompt="The capital of France is"))
+    *running, final = chunks
+    counts = [c.usage.completion_tokens for c in running]
+    assert counts == sorted(counts) and counts[-1] == final.usage.completion_tokens > 0
+    assert all(c.usage.prompt_tokens == final.usage.prompt_tokens for c in running)
+    assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in running)
 
 
 def test_chat_logprobs(client, model):
