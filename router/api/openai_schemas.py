@@ -311,6 +311,9 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    # an assistant's earlier thinking (vLLM's field, also as "reasoning"), for templates that
+    # show it (Qwen 3's, after the last user message)
+    reasoning_content: str | None = Field(None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
     _parts_fit = field_validator("content", "tool_calls", mode="before")(fits_context)
 
@@ -334,7 +337,7 @@ class ChatMessageIn(BaseModel):
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
             message["tool_calls"] = template_tool_calls(self.tool_calls)
-        extra = {"tool_call_id": self.tool_call_id, "name": self.name}
+        extra = {"tool_call_id": self.tool_call_id, "name": self.name, "reasoning_content": self.reasoning_content}
         return message | {key: value for key, value in extra.items() if value is not None}
 
 

@@ -117,7 +117,8 @@ def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_
     assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, chat_template_kwargs=kwargs)
     # the Responses API's flat tools and function-call items, read as the same chat
     calls = [{"type": "function_call", "call_id": "c1", "name": "now", "arguments": "{}"}]
-    answered = [*messages, *calls, {"type": "function_call_output", "call_id": "c1", "output": "noon"}]
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hm."}]}
+    answered = [*messages, thought, *calls, {"type": "function_call_output", "call_id": "c1", "output": "noon"}]
     flat = {"input": answered, "tools": [{"type": "function", "name": "now"}], "tool_choice": "required"}
     (response,) = PromptReader(tool_tokenizer).read(RESPONSES, flat).prompts
     chat = [
@@ -126,11 +127,18 @@ def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_
             "role": "assistant",
             "content": "",
             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "now", "arguments": {}}}],
+            "reasoning_content": "Hm.",
         },
         {"role": "tool", "tool_call_id": "c1", "content": "noon"},
     ]
     assert response.ids.tolist() == router_ids(tool_tokenizer, messages=chat, tools=tools)
-    assert "noon" in tool_tokenizer.decode(response.ids.tolist())
+    assert "<think>Hm.</think><tool_call>" in tool_tokenizer.decode(response.ids.tolist())
+    # the chat endpoint's earlier thinking, under vLLM's either name, reaches the template the same way
+    for name in ("reasoning_content", "reasoning"):
+        call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+        said = [*chat[:1], {"role": "assistant", "content": "", "tool_calls": [call], name: "Hm."}, *chat[2:]]
+        (asked,) = PromptReader(tool_tokenizer).read(CHAT, {"messages": said, "tools": tools}).prompts
+        assert asked.ids.tolist() == response.ids.tolist()
 
 
 def replica_sees(kind: str, routed, body: dict) -> list[GenerateRequest]:

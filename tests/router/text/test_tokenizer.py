@@ -97,7 +97,7 @@ def test_tools_and_tool_calls_are_rendered_as_transformers_renders_them(tokenize
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "巴黎"}}}
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "assistant", "content": "", "tool_calls": [call], "reasoning_content": "Ask the tool."},
         {"role": "tool", "tool_call_id": "c1", "content": "18 degrees"},
     ]
     expected = hf_tokenizer.apply_chat_template(
@@ -105,6 +105,7 @@ def test_tools_and_tool_calls_are_rendered_as_transformers_renders_them(tokenize
     )
     assert render_chat_template(TOOL_TEMPLATE, messages, True, tools, tokenizer.template_tokens) == expected
     assert '"arguments": {"city": "巴黎"}' in expected and '{"name": "get_weather"' in expected
+    assert "<|im_start|>assistant\n<think>Ask the tool.</think><tool_call>" in expected
 
 
 def test_chat_template_kwargs_are_the_templates_variables_as_in_transformers(
