@@ -125,6 +125,8 @@ class GenerateRequest:
     logprob_start_len: int = -1
     # logprob entries carry each token's text (RequestOutput.token_texts)
     return_text_in_logprobs: bool = False
+    # the first output carries the prompt's token ids (vLLM's return_token_ids)
+    return_prompt_ids: bool = False
     cache_salt: str | None = None
     # the tenant whose API key sent it (--api-key-file): the router keys its cache by it, whatever
     # the client's cache_salt, and counts its tokens per tenant
@@ -170,6 +172,7 @@ class RequestOutput:
     input_top_logprobs: list[Any] = field(default_factory=list)
     # the text of each token id in this output's logprob entries, when asked
     token_texts: dict[int, str] = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list)  # in the first output, when asked
     error: str | None = None
     status: int = 200
 

@@ -27,6 +27,7 @@ class _Stream:
     regexes: RegexStopChecker
     prompt_text: str | None
     token_texts: bool = False  # logprob entries carry token text
+    prompt_ids: bool = False  # the next output carries the prompt's ids (once)
     text: str = ""  # everything emitted so far
     sent_ids: int = 0
     sent_logprobs: int = 0
@@ -69,6 +70,7 @@ class OutputStreams:
             regexes=RegexStopChecker(s.stop_regex),
             prompt_text=prompt_text,
             token_texts=msg.return_text_in_logprobs,
+            prompt_ids=msg.return_prompt_ids,
         )
 
     def close(self, rid: str) -> None:
@@ -142,6 +144,9 @@ class OutputStreams:
             stream.sent_input_logprobs = True
         if stream.token_texts:
             out.token_texts.update(self._token_texts(_entry_ids(new_input, out.input_top_logprobs, new_logprobs)))
+        if stream.prompt_ids:
+            out.prompt_ids = req.prompt_ids.tolist()
+            stream.prompt_ids = False
         out.prompt_tokens = req.prompt_len
         out.completion_tokens = len(req.output_ids)
         out.cached_tokens = req.cached_tokens

@@ -57,6 +57,7 @@ class Generation:
     num_output_ids: int = 0
     all_output_logprobs: list[list[Any]] = field(default_factory=list)
     num_output_logprobs: int = 0
+    prompt_ids: list[int] = field(default_factory=list)  # when asked (GenerateRequest.return_prompt_ids)
 
     @property
     def output_ids(self) -> list[int]:
@@ -132,6 +133,7 @@ class _Progress:
             token_texts=last.token_texts,
             all_output_ids=last.all_output_ids,
             num_output_ids=len(last.all_output_ids),
+            prompt_ids=out.prompt_ids or last.prompt_ids,
             all_output_logprobs=last.all_output_logprobs,
             num_output_logprobs=len(last.all_output_logprobs),
         )

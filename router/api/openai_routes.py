@@ -87,6 +87,21 @@ def running_usage(gen: Generation, body: OpenAIRequest) -> dict[str, Any]:
     }
 
 
+class SentIds:
+    """vLLM's ``return_token_ids`` in a stream: each choice's output ids not sent yet go with
+    its next chunk, and its first chunk carries the prompt's ids too."""
+
+    def __init__(self, body: OpenAIRequest, choices: int) -> None:
+        self.on = body.return_token_ids
+        self.sent: list[int | None] = [None] * choices  # None: nothing sent yet
+
+    def take(self, gen: Generation, index: int) -> tuple[list[int] | None, list[int]]:
+        """The prompt's ids (None after the choice's first chunk) and the output ids not sent yet."""
+        sent = self.sent[index]
+        self.sent[index] = gen.num_output_ids
+        return (gen.prompt_ids if sent is None else None), gen.output_ids[sent or 0 :]
+
+
 def completion_logprobs(entries: list[list[Any]], texts: dict[int, str], offset: int = 0) -> dict[str, Any]:
     """OpenAI's completion logprobs of ``entries`` (``[logprob, id, tops]``); ``text_offset``
     counts each token's text from ``offset``, the length of the choice's text before them."""
@@ -141,6 +156,7 @@ def _requests(
             stream=body.stream,
             return_logprob=return_logprob,
             return_text_in_logprobs=return_logprob,
+            return_prompt_ids=body.return_token_ids,
             top_logprobs_num=top_logprobs,
             logprob_start_len=0 if prompt_logprobs else -1,
             cache_salt=cache_namespace(body.cache_salt, body.extra_key),
@@ -183,6 +199,7 @@ async def _completion_chunks(
     # the echoed prompt goes out once, with its logprobs where asked (they come after the prefill)
     pending = [echoes is not None] * len(streams)
     sent = [0] * len(streams)  # characters of text each choice has sent: its next text_offset
+    ids = SentIds(body, len(streams))
     async for index, gen in merge(streams):
         latest[index] = gen
         text, entries = "", list[list[Any]]()
@@ -195,6 +212,9 @@ async def _completion_chunks(
             logprobs = completion_logprobs(entries, gen.token_texts, sent[index]) if body.logprobs is not None else None
             sent[index] += len(text)
             choice = {"index": index, "text": text, "logprobs": logprobs, **finish(gen)}
+            if ids.on:
+                prompt_ids, new_ids = ids.take(gen, index)
+                choice.update({"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}, token_ids=new_ids)
             yield {**head, "choices": [choice], **running_usage(gen, body)}
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(latest, body)}
@@ -206,12 +226,18 @@ async def _chat_chunks(
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
     # characters of each choice's thinking and answer sent so far
     sent = {field: [0] * len(streams) for field in ("reasoning_content", "content")}
+    ids = SentIds(body, len(streams))
 
     def chunk(
         index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
     ) -> dict[str, Any]:
+        gen = latest[index]
         choice = {"index": index, "delta": delta, "logprobs": logprobs, **reason}
-        return {**head, "choices": [choice], **running_usage(latest[index], body)}
+        prompt = {}
+        if ids.on:  # a chat's prompt ids go beside the choices, as vLLM's
+            prompt_ids, choice["token_ids"] = ids.take(gen, index)
+            prompt = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}
+        return {**head, **prompt, "choices": [choice], **running_usage(gen, body)}
 
     def news(index: int, parts: dict[str, str | None]) -> dict[str, str]:
         """What of each part was not sent yet (and counts it sent)."""
@@ -317,6 +343,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                     if wants_logprobs
                     else None,
                     **finish(g),
+                    **({"prompt_token_ids": g.prompt_ids, "token_ids": g.output_ids} if body.return_token_ids else {}),
                 }
             )
         return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
@@ -336,9 +363,16 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         for i, g in enumerate(gens):
             message, ended = chat_answer(g, reader)
             logprobs = chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None
-            choices.append({"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended})
+            choice = {"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended}
+            choices.append({**choice, "token_ids": g.output_ids} if body.return_token_ids else choice)
+        prompt_ids = {"prompt_token_ids": gens[0].prompt_ids} if body.return_token_ids else {}
         return JSONResponse(
-            {**_head("chat.completion", "chatcmpl", model), "choices": choices, "usage": usage(gens, body)}
+            {
+                **_head("chat.completion", "chatcmpl", model),
+                **prompt_ids,
+                "choices": choices,
+                "usage": usage(gens, body),
+            }
         )
 
     return router

@@ -195,6 +195,8 @@ class OpenAIRequest(BaseModel):
     deadline_s: Deadline = None
     cache_control: CacheControlIn | None = None  # pin the whole prompt
     gateway_tokens: GatewayTokensIn | None = None
+    # vLLM's: the prompt's token ids and each choice's output ids beside the text
+    return_token_ids: bool = False
 
     @model_validator(mode="before")
     @classmethod

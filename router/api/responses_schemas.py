@@ -26,6 +26,7 @@ UNSUPPORTED_RESPONSES = {
     "conversation": "conversations are not stored: send the whole conversation as input",
     "prompt": "stored prompt templates are not supported",
     "background": "background responses are not supported",
+    "return_token_ids": "token ids come with /v1/chat/completions and /v1/completions",
 }
 LOGPROBS = "message.output_text.logprobs"  # what include names for them
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")

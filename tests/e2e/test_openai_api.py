@@ -120,6 +120,40 @@ def test_chat_streaming_matches_the_whole_answer(client, model):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_as_vllm_does(client, model, server):
+    """vLLM's ``return_token_ids``: the prompt's ids (those /tokenize gives for the same chat or
+    text) and each choice's output ids, streamed chunk by chunk too."""
+    asked = {"return_token_ids": True}
+    chat = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=8, temperature=0, n=2, extra_body=asked
+    )
+    tokenized = post(server, "/tokenize", {"messages": QUESTION}).json()["tokens"]
+    assert chat.prompt_token_ids == tokenized and len(tokenized) == chat.usage.prompt_tokens
+    for choice in chat.choices:
+        text = post(server, "/detokenize", {"tokens": choice.token_ids}).json()["text"]
+        assert text.startswith(choice.message.content) and len(choice.token_ids) * 2 == chat.usage.completion_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=8, temperature=0, stream=True, extra_body=asked
+        )
+    )
+    assert chunks[0].prompt_token_ids == tokenized and all(not hasattr(c, "prompt_token_ids") for c in chunks[1:])
+    assert [t for c in chunks for t in c.choices[0].token_ids] == chat.choices[0].token_ids
+    prompt = "The capital of France is"
+    ids = post(server, "/tokenize", {"prompt": prompt}).json()["tokens"]
+    whole = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, extra_body=asked)
+    assert whole.choices[0].prompt_token_ids == ids and len(whole.choices[0].token_ids) == whole.usage.completion_tokens
+    streamed = list(
+        client.completions.create(
+            model=model, prompt=prompt, max_tokens=5, temperature=0, stream=True, extra_body=asked
+        )
+    )
+    assert streamed[0].choices[0].prompt_token_ids == ids
+    assert [t for c in streamed for t in c.choices[0].token_ids] == whole.choices[0].token_ids
+    plain = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=2)
+    assert not hasattr(plain, "prompt_token_ids") and not hasattr(plain.choices[0], "token_ids")
+
+
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
 def test_continuous_usage_stats_put_the_counts_so_far_in_every_chunk(client, model, chat):
     """vLLM's ``stream_options.continuous_usage_stats`` (with include_usage): each chunk's usage
