@@ -306,6 +306,8 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     model = ctx.config.served_model_name
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
+    if ctx.config.context_length is not None:
+        card["max_model_len"] = ctx.config.context_length  # vLLM's field: what a prompt and its output may take
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:

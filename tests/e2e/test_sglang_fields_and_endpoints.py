@@ -110,7 +110,8 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
 
 def test_model_card_by_id(server):
     model = get(server, "/v1/models").json()["data"][0]["id"]
-    assert get(server, f"/v1/models/{model}").json()["id"] == model
+    card = get(server, f"/v1/models/{model}").json()
+    assert card["id"] == model and card["max_model_len"] == get(server, "/server_info").json()["context_length"]
     assert_error(get(server, "/v1/models/not-this-one"), 404, "not-this-one")
 
 
