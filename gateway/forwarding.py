@@ -233,7 +233,7 @@ class Forwarder:
                     final = meta.get("finish_reason") is not None
                     self._native_meta(meta, chunk.get("index", 0), placement, routed, final)
                     yield sse(chunk)
-                elif chunk.get("usage"):
+                elif chunk.get("usage") and not chunk.get("choices"):  # the last chunk's, not continuous_usage_stats'
                     self._usage(chunk["usage"], placement, routed)
                     if not forced_usage:
                         yield sse(chunk)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 KEY = "fast-path-key"
 ENDLESS = {**GREEDY, "max_new_tokens": 2000, "ignore_eos": True}
 SHORT = {**GREEDY, "max_new_tokens": 2}
+RUNNING_USAGE = {"prompt_tokens", "completion_tokens", "total_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,12 @@ def test_streams_are_relayed_frame_by_frame(servers) -> None:
     asked = {**chat, "stream_options": {"include_usage": True}}
     usage = sse_events(post(gateway, "/v1/chat/completions", asked, stream=True))[-2]["usage"]
     assert usage["replica"] == replica.url and "predicted_cached_tokens" in usage
+    # vLLM's continuous_usage_stats: every chunk's running counts go through as they are; only the
+    # last chunk's usage is the request's (the one the gateway annotates and learns from)
+    running = {**chat, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    *chunks, last, done = sse_events(post(gateway, "/v1/chat/completions", running, stream=True))
+    assert done == "[DONE]" and all(c["choices"] and set(c["usage"]) == RUNNING_USAGE for c in chunks)
+    assert last["choices"] == [] and last["usage"]["replica"] == replica.url
 
 
 def test_responses_are_relayed_with_their_events_and_the_prediction(servers) -> None:
