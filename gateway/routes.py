@@ -125,6 +125,12 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def model(request: Request) -> Response:
         return await _ask_one(ctx, "GET", request.url.path)
 
+    @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    @router.api_route("/v1/responses/{response_id}/{action:path}", methods=["GET", "POST"])
+    async def stored_response(request: Request) -> Response:
+        """A stored response's calls: a replica answers that it stores none."""
+        return await _ask_one(ctx, request.method, request.url.path)
+
     @router.get("/metrics")
     async def metrics() -> Response:
         answers = await each(ctx, "GET", "/metrics") if any(r.available for r in ctx.replicas.list()) else {}

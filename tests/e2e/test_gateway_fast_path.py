@@ -151,6 +151,11 @@ def test_keys_are_checked_and_other_methods_and_paths_go_to_fastapi(servers) -> 
     slash = requests.post(gateway.url + "/generate/", json={}, headers=gateway.headers(), allow_redirects=False)
     assert slash.status_code == 307 and slash.headers["location"].endswith("/generate")
     assert requests.post(gateway.url + "/generate/x", json={}, headers=gateway.headers()).status_code == 404
+    # a stored response's calls are the replica's 404, which says none are stored
+    for method, path in (("GET", "/v1/responses/resp_1"), ("POST", "/v1/responses/resp_1/cancel")):
+        direct, through = (requests.request(method, s.url + path, headers=s.headers()) for s in servers)
+        assert through.status_code == 404 and through.json() == direct.json()
+        assert "stores no responses" in through.json()["error"]["message"]
 
 
 def test_the_gateway_bounds_a_request_head_as_the_replica_does(servers) -> None:
