@@ -17,7 +17,7 @@ from radixcluster.gateway.segment_encoder import SegmentEncoder
 from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import pack_ids
-from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace
+from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace, served_context
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.api.responses_schemas import ResponsesIn
 from radixcluster.router.text.prompt_text import prompt_text
@@ -85,7 +85,7 @@ class PromptReader:
         self._encoder = SegmentEncoder(tokenizer)
         # the model's context, which no replica's exceeds: a body with longer lists than it is
         # refused before they are read one by one (the schemas' validation context)
-        self._validation = {"context_length": context_length}
+        self._validation = served_context(context_length)
 
     def _tokenize(self, given: list[str | list[int]]) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
         """Each prompt's ids, and the same with None for a prompt given as ids (a text that

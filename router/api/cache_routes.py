@@ -15,7 +15,7 @@ from radixcluster.protocol import GenerateRequest, SamplingParams
 from radixcluster.router.api.auth import act_for_tenant, admin_check, current_tenant
 from radixcluster.router.api.cache_schemas import MAX_TREE_DEPTH, CachePrefixIn, PinIn, UnpinIn
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import collect, run_generation
 from radixcluster.router.api.router_client import RouterError
 
@@ -85,7 +85,7 @@ def cache_routes(ctx: ApiContext) -> APIRouter:
 
     async def read_prefix(request: Request, schema: type[Prefix]) -> Prefix:
         """The call's body; from here on the call acts for the tenant it names, if any."""
-        body = schema.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await ctx.body(request, schema)
         act_for_tenant(body.tenant, tenants)
         return body
 

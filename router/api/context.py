@@ -1,13 +1,21 @@
-"""What every api route needs: the configuration, the router client and the app's metrics."""
+"""What every api route needs: the configuration, the router client, the app's metrics, and the
+reading of a request body."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
+from fastapi import Request
+from pydantic import BaseModel
+
+from radixcluster.router.api.errors import read_json
 from radixcluster.router.api.metrics import ApiMetrics
+from radixcluster.router.api.native_schemas import served_context
 from radixcluster.router.api.router_client import RouterClient
+
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # the longest wait a flag may set (timeouts, intervals): the event loop's and ZeroMQ's timers
@@ -32,12 +40,7 @@ class ApiConfig:
     shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     tool_call_parser: str | None = None  # the served model's format of tool calls (tool_parsers)
     reasoning_parser: str | None = None  # how the served model marks its thinking (reasoning)
-    context_length: int | None = None  # the served context: a chat of more messages is refused at once
-
-    @property
-    def validation(self) -> dict[str, Any]:
-        """The context request bodies are validated in (the schemas' ``ValidationInfo.context``)."""
-        return {"context_length": self.context_length}
+    context_length: int | None = None  # the served context: longer lists in a body are refused at once
 
 
 @dataclass(slots=True)
@@ -48,3 +51,9 @@ class ApiContext:
     created: int = field(default_factory=lambda: int(time.time()))
     # set by SIGTERM: /health and every new request answer 503, requests in flight go on
     draining: bool = False
+
+    async def body(self, request: Request, schema: type[M]) -> M:
+        """The request's JSON body read (413 past the limit) and validated by ``schema`` in the
+        served context."""
+        raw = await read_json(request, self.config.max_body_bytes)
+        return schema.model_validate(raw, context=served_context(self.config.context_length))

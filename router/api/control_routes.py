@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_schemas import AbortIn, DetokenizeIn, TokenizeIn
-from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.router_client import RouterError
 
 
@@ -42,9 +42,7 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/tokenize")
     @router.post("/v1/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = TokenizeIn.model_validate(
-            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
-        )
+        body = await ctx.body(request, TokenizeIn)
         tokens = (await tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
         info = await ctx.client.control("server_info")
         return body.answer(tokens, info["context_length"])
@@ -52,12 +50,12 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/detokenize")
     @router.post("/v1/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = DetokenizeIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await ctx.body(request, DetokenizeIn)
         return body.answer((await tokenizer_call(ctx, "detokenize", body.router_args()))["texts"])
 
     @router.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        body = AbortIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+        body = await ctx.body(request, AbortIn)
         ctx.client.abort(body.rid, abort_all=body.abort_all)
         return Response(status_code=200)
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from radixcluster import __version__
 from radixcluster.protocol import GenerateRequest, SamplingParams
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.errors import ApiError, error_response, read_json
+from radixcluster.router.api.errors import ApiError, error_response
 from radixcluster.router.api.generation import (
     Generation,
     collect,
@@ -54,9 +54,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        body = GenerateIn.model_validate(
-            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
-        )
+        body = await ctx.body(request, GenerateIn)
         deadline = deadline_of(body.deadline_s)
         streams = [run_generation(ctx.client, sub, ctx.metrics, deadline) for sub in body.expand()]
         as_list = body.returns_list()

@@ -90,11 +90,16 @@ def check_generations(prompts: int, generations: int) -> None:
         )
 
 
+def served_context(context_length: int | None) -> dict[str, Any]:
+    """The validation context of a body read for a server of this context (None: not counted)."""
+    return {"context_length": context_length}
+
+
 def fits_context(items: Any, info: ValidationInfo, what: str = "items") -> Any:
     """Refuse a list of more ``what`` than the served context has tokens (each takes a token at
     least) before its items are read one by one: a 16 MB body of tiny items held the api's loop
-    for over a second. The context is the validation's (``ApiConfig.validation``); a body read
-    without one (the gateway's reading) is not counted."""
+    for over a second. The context is the validation's (``served_context``); a body read
+    without one is not counted."""
     most = (info.context or {}).get("context_length")
     if most is not None and isinstance(items, list) and len(items) > most:
         raise ValueError(

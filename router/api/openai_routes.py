@@ -20,7 +20,7 @@ from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import tokenizer_call
-from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import prompt_tokens
 from radixcluster.router.api.generation import (
     Generation,
@@ -64,12 +64,11 @@ def usage(gens: list[Generation], body: OpenAIRequest) -> dict[str, Any]:
     details = {"cached_tokens": sum(g.cached_tokens for g in firsts)}
     if body.pins():
         details["pinned_tokens"] = max(g.pinned_tokens for g in gens)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": details,
-    }
+    return {**token_counts(prompt, completion), "prompt_tokens_details": details}
+
+
+def token_counts(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def running_usage(gen: Generation, body: OpenAIRequest) -> dict[str, Any]:
@@ -77,14 +76,7 @@ def running_usage(gen: Generation, body: OpenAIRequest) -> dict[str, Any]:
     counts so far (nothing without it)."""
     if not body.continuous_usage:
         return {}
-    done = gen.completion_tokens
-    return {
-        "usage": {
-            "prompt_tokens": gen.prompt_tokens,
-            "completion_tokens": done,
-            "total_tokens": gen.prompt_tokens + done,
-        }
-    }
+    return {"usage": token_counts(gen.prompt_tokens, gen.completion_tokens)}
 
 
 class SentIds:
@@ -321,9 +313,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = CompletionIn.model_validate(
-            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
-        )
+        body = await ctx.body(request, CompletionIn)
         inputs = [{"text": p} if isinstance(p, str) else {"input_ids": p} for p in body.prompts()]
         wants_logprobs = body.logprobs is not None
         echoes = await _echo_texts(ctx, body)
@@ -352,9 +342,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = ChatCompletionIn.model_validate(
-            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
-        )
+        body = await ctx.body(request, ChatCompletionIn)
         reader = answer_reader(ctx, body, body.separate_reasoning, body.stream_reasoning)
         streams = start_generations(ctx, request, body, [body.chat_input()], body.logprobs, body.top_logprobs or 0)
         if body.stream:

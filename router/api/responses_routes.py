@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import tokenizer_call
-from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.openai_routes import answer_reader, chat_logprobs, start_generations
 from radixcluster.router.api.responses_output import TEXT_PARTS, Answer, ResponseView
@@ -157,9 +157,7 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses(request: Request) -> Response:
-        body = ResponsesIn.model_validate(
-            await read_json(request, ctx.config.max_body_bytes), context=ctx.config.validation
-        )
+        body = await ctx.body(request, ResponsesIn)
         view = ResponseView(body, model, answer_reader(ctx, body))
         (stream,) = start_generations(
             ctx, request, body, [body.chat_input()], body.wants_logprobs, body.top_logprobs or 0
