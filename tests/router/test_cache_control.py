@@ -8,10 +8,10 @@ import itertools
 import pytest
 
 from radixcluster.block_hash import ForgedSalt, tenant_salt
-from radixcluster.model_path import served_model_name
 from radixcluster.protocol import ControlRequest, ControlResponse, GenerateRequest, SamplingParams
-from radixcluster.router.router_process import Router, RouterConfig
+from radixcluster.router.router_process import Router
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
+from support.router_configs import in_process_router_config
 
 PAGES = 512
 HEADER = "You are a careful assistant. Answer briefly and precisely." * 3
@@ -28,23 +28,14 @@ def runner(model_path) -> ModelRunner:
 
 
 def make_router(model_path, **overrides) -> Router:
-    fields = dict(
-        model_path=model_path,
-        served_model_name=served_model_name(model_path),
+    limits = dict(
         num_pages=PAGES,
-        page_size=1,
         context_length=2048,
         max_running_requests=4,
         chunked_prefill_size=256,
-        schedule_policy="lpm",
-        eviction_policy="lru",
-        enable_radix_cache=True,
-        tp_size=1,
-        device="cpu",
-        dtype="float32",
         max_queued_requests=16,
     )
-    return Router(RouterConfig(**{**fields, **overrides}))
+    return Router(in_process_router_config(model_path, **{**limits, **overrides}))
 
 
 def generate(router: Router, runner: ModelRunner, text: str) -> int:

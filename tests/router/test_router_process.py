@@ -17,7 +17,6 @@ import torch
 import zmq
 
 from radixcluster.block_hash import prefix_block_hashes
-from radixcluster.model_path import served_model_name
 from radixcluster.protocol import (
     AbortRequest,
     ControlRequest,
@@ -33,6 +32,7 @@ from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, Router, R
 from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
+from support.router_configs import in_process_router_config
 
 PAGES = 4096
 _rids = itertools.count()
@@ -46,23 +46,14 @@ def runner(model_path) -> ModelRunner:
 
 
 def router_config(model_path, **overrides) -> RouterConfig:
-    fields = dict(
-        model_path=model_path,
-        served_model_name=served_model_name(model_path),
+    limits = dict(
         num_pages=PAGES,
-        page_size=1,
         context_length=8192,
         max_running_requests=8,
         chunked_prefill_size=64,
-        schedule_policy="lpm",
-        eviction_policy="lru",
-        enable_radix_cache=True,
-        tp_size=1,
-        device="cpu",
-        dtype="float32",
         max_queued_requests=64,
     )
-    return RouterConfig(**{**fields, **overrides})
+    return in_process_router_config(model_path, **{**limits, **overrides})
 
 
 @pytest.fixture()
