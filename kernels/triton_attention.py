@@ -18,7 +18,7 @@ import triton.language as tl
 
 from radixcluster.kernels.attention import AttentionMetadata
 from radixcluster.kernels.triton_cascade import Cascade, plan_cascade, run_cascade
-from radixcluster.kernels.triton_kv_tile import kv_tile
+from radixcluster.kernels.triton_kv_tile import kv_tile, online_softmax_step, split_result
 
 # Tensor-core tiles need every dot dimension >= 16; smaller ones are padded and masked.
 MIN_DOT = 16
@@ -85,16 +85,9 @@ def _extend_kernel(
         v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         ).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         # key 0 is visible to every row, so each row's max is finite after the first tile
         visible = (offs_n[None, :] <= prefix + offs_m[:, None]) & n_mask[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2, PRECISION)
     out_ptrs = Out + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(out_ptrs, (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -165,17 +158,8 @@ def _decode_split_kernel(
         v = kv_tile(
             VCache, PageTable, req, stride_pt, offs_n, n_mask, page_size, kv_head, stride_c, offs_d, d_mask, HEAD_DIM
         ).to(q.dtype)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        qk = tl.where(n_mask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    nonempty = l_i > 0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
-    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+        m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, PRECISION)
+    out, lse = split_result(m_i, l_i, acc)
     tl.store(
         PartOut + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :],
         out,

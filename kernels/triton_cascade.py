@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from radixcluster.kernels.attention import AttentionMetadata
-from radixcluster.kernels.triton_kv_tile import kv_tile
+from radixcluster.kernels.triton_kv_tile import kv_tile, online_softmax_step, split_result
 
 ROWS = 64  # query rows (members x query heads per KV head) per member tile
 MAX_SPLITS = 16
@@ -159,17 +159,8 @@ def _cascade_kernel(
                 d_mask,
                 HEAD_DIM,
             ).to(q.dtype)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-            qk = tl.where(n_mask[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.exp2(qk - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
-        nonempty = l_i > 0
-        out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
-        lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+            m_i, l_i, acc = online_softmax_step(q, k, v, n_mask[None, :], m_i, l_i, acc, scale_log2, PRECISION)
+        out, lse = split_result(m_i, l_i, acc)
         slot = first_slot + split
         tl.store(
             PartOut + b[:, None] * stride_ob + heads[:, None] * stride_oh + slot * stride_os + offs_d[None, :],
