@@ -25,12 +25,18 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # the API key from the environment: a command line is visible to every user of the host
 API_KEY_ENV = "RADIXCLUSTER_API_KEY"
 ADMIN_API_KEY_ENV = "RADIXCLUSTER_ADMIN_API_KEY"
-# Flags users bring from SGLang that name what is already the default here.
+# Flags users bring from SGLang or vLLM that name what is already the default here.
 DEFAULT_NAMING_FLAGS = {
     "--enable-radix-cache": "the radix cache is on by default",
     "--enable-prefix-caching": "the radix cache is on by default",
     "--enable-mixed-chunk": "running requests always join prefill steps",
     "--enable-metrics": "/metrics is always served",
+    "--enable-cache-report": "usage always reports prompt_tokens_details.cached_tokens",
+    "--disable-overlap-schedule": "the router schedules between steps, never during one",
+    "--enable-chunked-prefill": "prompts longer than --chunked-prefill-size are always chunked",
+    "--enable-auto-tool-choice": 'tool_choice "auto" reads calls whenever --tool-call-parser names a format',
+    "--disable-log-requests": "requests are not logged",
+    "--disable-fastapi-docs": "no /docs or /redoc page is served",
 }
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
 MEANINGLESS_FLAGS = {
@@ -39,6 +45,8 @@ MEANINGLESS_FLAGS = {
     "--trust-remote-code": "only built-in Llama-family model code runs",
     "--enable-torch-compile": "the CPU kernels are compiled ahead of time and the GPU ones by Triton",
     "--disable-custom-all-reduce": "TP ranks always all-reduce through torch.distributed (NCCL or gloo)",
+    "--skip-server-warmup": "the server sends itself no warm-up request",
+    "--enforce-eager": "decode runs without CUDA graphs on this build",
 }
 # SGLang's names for the KV cache's dtype; torch's dtype for each fp8 one
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
@@ -46,7 +54,11 @@ FP8_KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 MEANINGLESS_VALUE_FLAGS = {
     "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
     "--cuda-graph-max-bs": "decode runs without CUDA graphs on this build",
+    "--swap-space": "a request that no longer fits is retracted and computed again, never swapped out",
+    "--sampling-backend": "rank 0 samples with its own kernels",
 }
+# The only value this server runs of a backend flag users bring from SGLang
+SOLE_BACKENDS = {"--grammar-backend": "xgrammar"}
 # SGLang's names for attention backends: what runs for each here
 SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "flashinfer": "auto", "fa3": "auto"}
 
@@ -197,7 +209,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=d.tp_size,
         help="tensor-parallel ranks (one per GPU; CPU processes otherwise)",
     )
-    parser.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    parser.add_argument("--page-size", "--block-size", type=int, default=d.page_size, help="tokens per KV page")
     parser.add_argument(
         "--chunked-prefill-size",
         type=int,
@@ -206,11 +218,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-prefill-tokens",
+        "--max-num-batched-tokens",
         type=int,
         default=d.max_prefill_tokens,
         help="SGLang's cap on a prefill batch's tokens: a step computes at most this and --chunked-prefill-size",
     )
-    parser.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    parser.add_argument("--max-running-requests", "--max-num-seqs", type=int, default=d.max_running_requests)
     parser.add_argument(
         "--max-queued-requests",
         type=int,
@@ -227,7 +240,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--max-total-tokens", type=int, default=d.max_total_tokens, help="cap on the KV pool size in tokens"
     )
     parser.add_argument(
-        "--context-length", type=int, default=d.context_length, help="longest prompt + output (default: the model's)"
+        "--context-length",
+        "--max-model-len",
+        type=int,
+        default=d.context_length,
+        help="longest prompt + output (default: the model's)",
     )
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse (forces fcfs)")
     parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy)
@@ -340,6 +357,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--random-seed",
+        "--seed",
         type=int,
         default=d.random_seed,
         help="seed of the sampler's generator (requests with a seed of their own draw from that)",
@@ -362,6 +380,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, action="store_true", help=f"accepted and ignored: {why}")
     for flag, why in MEANINGLESS_VALUE_FLAGS.items():
         parser.add_argument(flag, help=f"accepted and ignored: {why}")
+    for flag, backend in SOLE_BACKENDS.items():
+        parser.add_argument(flag, choices=(backend,), help=f"accepted: {backend} is the one that runs here")
 
 
 def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:

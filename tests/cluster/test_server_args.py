@@ -74,6 +74,26 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
         parse("--tool-call-parser", "no_such_format")  # argparse names the choices
 
 
+def test_vllms_names_of_the_same_flags_act_as_ours():
+    args = parse(*"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 512".split())
+    assert (args.context_length, args.max_running_requests, args.page_size) == (1024, 8, 16)
+    assert (args.random_seed, args.max_prefill_tokens) == (7, 512)
+
+
+def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(caplog):
+    defaults = "--enable-cache-report --disable-overlap-schedule --enable-chunked-prefill --enable-auto-tool-choice"
+    quiet = "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar"
+    meaningless = "--skip-server-warmup --enforce-eager --swap-space 4 --sampling-backend pytorch"
+    with caplog.at_level(logging.WARNING):
+        assert parse(*defaults.split(), *quiet.split(), *meaningless.split()) == parse()
+    notices = [r.getMessage() for r in caplog.records]
+    assert len(notices) == 4
+    for flag in ("--skip-server-warmup", "--enforce-eager", "--swap-space", "--sampling-backend"):
+        assert any(f"{flag} is accepted but has no effect" in notice for notice in notices)
+    with pytest.raises(SystemExit):
+        parse("--grammar-backend", "outlines")  # argparse names the one that runs
+
+
 @pytest.mark.parametrize("sglang, ours", [("torch_native", "torch"), ("intel_amx", "native"), ("flashinfer", "auto")])
 def test_sglangs_attention_backend_names_run_ours(caplog, sglang, ours):
     with caplog.at_level(logging.WARNING):
