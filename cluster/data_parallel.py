@@ -24,6 +24,7 @@ from radixcluster.model_path import resolve_model_path
 from radixcluster.process_tree import kill_survivors, started_processes
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
+from radixcluster.router.text.chat_template import read_chat_template
 from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
 from radixcluster.stop_flag import StopFlag
 
@@ -153,6 +154,7 @@ class DataParallelLauncher:
                 replica_api_key=keys.own,
                 admin_api_key=args.admin_api_key,
                 tenant_keys=load_tenant_keys(args.api_key_file) if args.api_key_file else {},
+                chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
                 log_level=args.log_level,
                 shutdown_timeout_s=args.shutdown_timeout,
             ),

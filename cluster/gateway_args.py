@@ -15,6 +15,7 @@ from radixcluster.gateway.config import (
     replica_url_problem,
 )
 from radixcluster.model_path import resolve_model_path
+from radixcluster.router.text.chat_template import read_chat_template
 from radixcluster.server_args import (
     ADMIN_API_KEY_ENV,
     API_KEY_ENV,
@@ -64,6 +65,11 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model-path", "--model", default=None, help="the replicas' model, for its tokenizer (default: embedded)"
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        help="the replicas' --chat-template, if they have one: chats are rendered with it",
     )
     parser.add_argument("--policy", choices=POLICIES, default=routing.policy, help="round-robin: a baseline")
     parser.add_argument(
@@ -127,6 +133,7 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         replica_api_key=replica_api_key,
         admin_api_key=admin_api_key,
         tenant_keys=tenant_keys,
+        chat_template=read_chat_template(ns.chat_template) if ns.chat_template else None,
         routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
         health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
         log_level=ns.log_level,

@@ -28,6 +28,7 @@ from radixcluster.process_tree import fork_into_own_group, kill_survivors, run_c
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.ray_cluster import StopRequested
 from radixcluster.replica_plan import Plan, make_plan, omp_env
+from radixcluster.router.text.chat_template import read_chat_template
 from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
 from radixcluster.stop_flag import StopFlag
 
@@ -251,6 +252,7 @@ class Launcher:
             max_worker_restarts=args.max_worker_restarts,
             stream_interval=args.stream_interval,
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
+            chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

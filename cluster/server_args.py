@@ -18,6 +18,7 @@ from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
 from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
 from radixcluster.router.tenant_quota import QUOTA_FIELDS, TenantQuota
+from radixcluster.router.text.chat_template import read_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class ServerArgs:
     random_seed: int | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -143,6 +145,8 @@ class ServerArgs:
             raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if self.api_key_file is not None:
             load_tenant_keys(self.api_key_file)  # refused here, before anything starts
+        if self.chat_template is not None:
+            read_chat_template(self.chat_template)
         if not 0 <= self.shutdown_timeout <= MAX_WAIT_S:
             raise ValueError(f"--shutdown-timeout must be in [0, {MAX_WAIT_S:g}] s, got {self.shutdown_timeout}")
         if not 0 < self.step_timeout <= MAX_WAIT_S:
@@ -367,6 +371,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         choices=sorted(TOOL_CALL_FORMATS),
         default=d.tool_call_parser,
         help='the served model\'s format of tool calls, read out of its answers to chats with tool_choice "auto"',
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=d.chat_template,
+        help="a Jinja chat template's file (or the template itself) that renders chats in place of the model's own",
     )
     parser.add_argument(
         "--reasoning-parser",

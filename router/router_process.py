@@ -94,6 +94,7 @@ class RouterConfig:
     max_worker_restarts: int = 3  # group losses in a row the launcher repairs; one more ends the replica
     stream_interval: int = 1  # a streaming request's outputs: its first token, then every this many
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
+    chat_template: str | None = None  # --chat-template's text, in place of the model's
 
 
 class Router:
@@ -105,7 +106,7 @@ class Router:
         self.config = config
         self.tree_events = tree_events
         model_config = load_model_config(config.model_path)
-        self.tokenizer = load_tokenizer(config.model_path)
+        self.tokenizer = load_tokenizer(config.model_path, config.chat_template)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_pages=config.num_pages,

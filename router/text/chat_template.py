@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -51,6 +52,29 @@ def _compile(template: str) -> jinja2.Template:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(template)
+
+
+def read_chat_template(value: str) -> str:
+    """The template ``--chat-template`` names: a Jinja file's text, or ``value`` itself when it
+    is a template (vLLM takes both). ValueError saying why when it is neither, or does not compile."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            template = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--chat-template {value}: cannot read it: {exc}") from exc
+    elif "{{" in value or "{%" in value:
+        template = value
+    else:
+        raise ValueError(
+            f"--chat-template {value!r}: no such file, nor a Jinja template; give a template's file "
+            "(SGLang's built-in template names are not kept here: the model's own template is the default)"
+        )
+    try:
+        _compile(template)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template {value:.80}: line {exc.lineno}: {exc.message}") from exc
+    return template
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:

@@ -116,19 +116,20 @@ class Tokenizer:
         return token_id in self.special_ids
 
 
-def load_tokenizer(path: Path) -> Tokenizer:
+def load_tokenizer(path: Path, chat_template: str | None = None) -> Tokenizer:
     """The tokenizer of a resolved model path (see ``radixcluster.model_path``): a Hugging
     Face directory with ``tokenizer.json`` or a GGUF file. ModelPathError naming the path
-    when neither holds a tokenizer we can build."""
+    when neither holds a tokenizer we can build. ``chat_template`` (``--chat-template``'s
+    text) renders chats in place of the model's own."""
     if path.is_dir():
-        return _from_hf_dir(path)
+        return _from_hf_dir(path, chat_template)
     if not path.is_file():
         raise ModelPathError(f"tokenizer path {path} does not exist")
     gguf = load_gguf_tokenizer(path)
     return _assemble(
         gguf.backend,
         path,
-        gguf.chat_template,
+        gguf.chat_template if chat_template is None else chat_template,
         gguf.bos_token_id,
         gguf.eos_token_ids,
         gguf.add_bos_token,
@@ -187,7 +188,7 @@ def _hf_chat_template(path: Path, config: dict[str, Any]) -> str | None:
     return template
 
 
-def _from_hf_dir(path: Path) -> Tokenizer:
+def _from_hf_dir(path: Path, chat_template: str | None) -> Tokenizer:
     tokenizer_file = path / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ModelPathError(f"{path}: no tokenizer.json (only fast-tokenizer directories are supported)")
@@ -208,7 +209,7 @@ def _from_hf_dir(path: Path) -> Tokenizer:
     return _assemble(
         backend,
         path,
-        _hf_chat_template(path, config),
+        _hf_chat_template(path, config) if chat_template is None else chat_template,
         bos_id,
         tuple(dict.fromkeys(int(i) for i in eos_ids if i is not None)),
         bool(add_bos),

@@ -33,6 +33,15 @@ def test_replicas_keys_and_tunables_reach_the_config():
     assert parse("--discover=replicas.serving.svc:30000", "--replica-api-key=r").replica_api_key == "r"
 
 
+def test_the_replicas_chat_template_reaches_the_config(tmp_path: Path):
+    file = tmp_path / "t.jinja"
+    file.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert parse("--replica", "http://127.0.0.1:1", "--chat-template", str(file)).chat_template == file.read_text()
+    assert parse("--replica", "http://127.0.0.1:1").chat_template is None
+    with pytest.raises(ValueError, match="no such file"):
+        parse("--replica", "http://127.0.0.1:1", "--chat-template", str(tmp_path / "none.jinja"))
+
+
 def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, monkeypatch):
     keys = tmp_path / "keys.json"
     keys.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')

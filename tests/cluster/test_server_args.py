@@ -80,6 +80,17 @@ def test_vllms_names_of_the_same_flags_act_as_ours():
     assert (args.random_seed, args.max_prefill_tokens) == (7, 512)
 
 
+def test_a_chat_template_is_read_before_anything_starts_and_reaches_every_replica(tmp_path):
+    file = tmp_path / "t.jinja"
+    file.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    args = parse("--chat-template", str(file), "--dp-size", "2")
+    assert args.chat_template == str(file)
+    assert "--chat-template" in replica_argv(args, exclude=("dp_size",))
+    assert parse(*replica_argv(args, exclude=("dp_size",))).chat_template == str(file)
+    with pytest.raises(ValueError, match="no such file, nor a Jinja template"):
+        parse("--chat-template", "llama-2")
+
+
 def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(caplog):
     defaults = "--enable-cache-report --disable-overlap-schedule --enable-chunked-prefill --enable-auto-tool-choice"
     quiet = "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar"

@@ -12,7 +12,7 @@ from gguf import GGUFValueType as T
 from gguf import GGUFWriter
 
 from radixcluster.model_path import ModelPathError
-from radixcluster.router.text.chat_template import render_chat_template
+from radixcluster.router.text.chat_template import read_chat_template, render_chat_template
 from radixcluster.router.text.detokenizer import IncrementalDetokenizer
 from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer
 from support.tool_template import TOOL_TEMPLATE
@@ -225,6 +225,38 @@ def test_hf_directory_named_templates_and_generation_eos(hf_model_dir: Path, tmp
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<|im_start|>x"
     assert tok.eos_token_ids == (2, 0)
     assert tok.bos_token_id == 1
+
+
+PLAIN_TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+
+
+def test_a_chat_template_given_renders_chats_in_place_of_the_models(
+    tokenizer: Tokenizer, model_path: Path, hf_model_dir: Path, tmp_path: Path
+) -> None:
+    file = tmp_path / "plain.jinja"
+    file.write_text(PLAIN_TEMPLATE)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    for template in (read_chat_template(str(file)), read_chat_template(PLAIN_TEMPLATE)):
+        for path in (model_path, hf_model_dir):
+            given = load_tokenizer(path, template)
+            assert given.apply_chat_template(messages) == "[system] Be brief.\n[user] Hi\n[assistant] "
+            assert given.encode("Hi there") == tokenizer.encode("Hi there")
+            # the gateway's ids stand in for a replica's only where both render alike
+            assert given.fingerprint != tokenizer.fingerprint
+    assert load_tokenizer(model_path, None).fingerprint == tokenizer.fingerprint
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("chatml", "no such file, nor a Jinja template"),
+        ("/no/such/template.jinja", "no such file"),
+        ("{% for m in messages %}{{ m.content }}", "line 1: Unexpected end of template"),
+    ],
+)
+def test_a_chat_template_that_cannot_be_read_says_why(value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        read_chat_template(value)
 
 
 def test_missing_tokenizer_raises_model_path_error(tmp_path: Path) -> None:
