@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _join_or_kill, _start_process
-from radixcluster.model_path import resolve_model_path
+from radixcluster.model_path import resolve_model_path, resolve_tokenizer_path
 from radixcluster.process_tree import kill_survivors, started_processes
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
@@ -143,12 +143,14 @@ class DataParallelLauncher:
             for ip in ips
         ]
         urls = ray_cluster.get_or_stop([actor.start.remote() for actor in self.actors], self.stopping)
+        model_path = resolve_model_path(args.model_path)
         self.gateway = _start_process(
             run_gateway,
             GatewayConfig(
                 host=args.host,
                 port=args.port,
-                model_path=resolve_model_path(args.model_path),
+                model_path=model_path,
+                tokenizer_path=resolve_tokenizer_path(args.tokenizer_path, model_path),
                 replicas=urls,
                 api_key=keys.api_key,
                 replica_api_key=keys.own,

@@ -14,7 +14,7 @@ from radixcluster.gateway.config import (
     RoutingTunables,
     replica_url_problem,
 )
-from radixcluster.model_path import resolve_model_path
+from radixcluster.model_path import resolve_model_path, resolve_tokenizer_path
 from radixcluster.router.text.chat_template import read_chat_template
 from radixcluster.server_args import (
     ADMIN_API_KEY_ENV,
@@ -67,6 +67,12 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
         "--model-path", "--model", default=None, help="the replicas' model, for its tokenizer (default: embedded)"
     )
     parser.add_argument(
+        "--tokenizer-path",
+        "--tokenizer",
+        default=None,
+        help="the replicas' --tokenizer-path, if they have one (default: the model's own tokenizer)",
+    )
+    parser.add_argument(
         "--chat-template",
         default=None,
         help="the replicas' --chat-template, if they have one: chats are rendered with it",
@@ -117,6 +123,7 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     api_key = ns.api_key or os.environ.get(API_KEY_ENV) or None
     admin_api_key = ns.admin_api_key or os.environ.get(ADMIN_API_KEY_ENV) or None
     tenant_keys = load_tenant_keys(ns.api_key_file) if ns.api_key_file else {}
+    model_path = resolve_model_path(ns.model_path)
     replica_api_key = ns.replica_api_key or api_key or admin_api_key
     if tenant_keys and replica_api_key is None:
         raise ValueError(
@@ -126,7 +133,8 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
     return GatewayConfig(
         host=ns.host,
         port=ns.port,
-        model_path=resolve_model_path(ns.model_path),
+        model_path=model_path,
+        tokenizer_path=resolve_tokenizer_path(ns.tokenizer_path, model_path),
         replicas=list(ns.replica),
         discover=ns.discover,
         api_key=api_key,

@@ -253,6 +253,7 @@ class Launcher:
             stream_interval=args.stream_interval,
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
             chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
+            tokenizer_path=plan.tokenizer_path,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

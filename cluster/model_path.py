@@ -56,6 +56,22 @@ def resolve_model_path(model_path: str | None) -> Path:
     return path
 
 
+def resolve_tokenizer_path(tokenizer_path: str | None, model_path: Path) -> Path:
+    """Where the tokenizer lives: ``model_path`` for None, else a local Hugging Face directory
+    with ``tokenizer.json`` (no ``config.json`` needed) or a GGUF file."""
+    if tokenizer_path is None:
+        return model_path
+    path = Path(tokenizer_path).expanduser()
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    raise ModelPathError(
+        f"tokenizer path {tokenizer_path!r} is neither a directory with tokenizer.json nor a .gguf file "
+        "(tokenizers are local files; nothing is downloaded)"
+    )
+
+
 def served_model_name(path: Path) -> str:
     """The name ``/v1/models`` reports for a resolved path."""
     if path.name == EMBEDDED_FILE:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixcluster.model_config import ModelConfig, load_model_config
-from radixcluster.model_path import resolve_model_path, served_model_name
+from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path, served_model_name
+from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.server_args import FP8_KV_CACHE_DTYPES, ServerArgs
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -44,6 +45,7 @@ class Plan:
     """What every process needs to agree on."""
 
     model_path: Path
+    tokenizer_path: Path
     model_config: ModelConfig
     served_model_name: str
     device: str
@@ -287,9 +289,21 @@ def machine_cpus(tp_size: int) -> CpuPlan:
     return plan_cpus(os.sched_getaffinity(0), limit, tp_size)
 
 
+def check_tokenizer_fits(tokenizer_path: Path, cfg: ModelConfig) -> None:
+    """ModelPathError unless every id the tokenizer gives is a row of the model's embedding."""
+    vocab = load_tokenizer(tokenizer_path).vocab_size
+    if vocab > cfg.vocab_size:
+        raise ModelPathError(
+            f"tokenizer path {tokenizer_path}: its vocabulary has {vocab} tokens, more than the model's {cfg.vocab_size}"
+        )
+
+
 def make_plan(args: ServerArgs) -> Plan:
     path = resolve_model_path(args.model_path)
     cfg = load_model_config(path)
+    tokenizer_path = resolve_tokenizer_path(args.tokenizer_path, path)
+    if tokenizer_path != path:
+        check_tokenizer_fits(tokenizer_path, cfg)
     device = resolve_device(args.device)
     dtype = choose_dtype(args.dtype, device)
     kv_cache_dtype = choose_kv_cache_dtype(args.kv_cache_dtype, dtype)
@@ -302,6 +316,7 @@ def make_plan(args: ServerArgs) -> Plan:
     )
     return Plan(
         model_path=path,
+        tokenizer_path=tokenizer_path,
         model_config=cfg,
         served_model_name=args.served_model_name or served_model_name(path),
         device=device,

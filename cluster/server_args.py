@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
+from radixcluster.model_path import resolve_tokenizer_path
 from radixcluster.router.api.context import MAX_WAIT_S
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
@@ -106,6 +107,7 @@ class ServerArgs:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    tokenizer_path: str | None = None
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -147,6 +149,8 @@ class ServerArgs:
             load_tenant_keys(self.api_key_file)  # refused here, before anything starts
         if self.chat_template is not None:
             read_chat_template(self.chat_template)
+        if self.tokenizer_path is not None:
+            resolve_tokenizer_path(self.tokenizer_path, Path())
         if not 0 <= self.shutdown_timeout <= MAX_WAIT_S:
             raise ValueError(f"--shutdown-timeout must be in [0, {MAX_WAIT_S:g}] s, got {self.shutdown_timeout}")
         if not 0 < self.step_timeout <= MAX_WAIT_S:
@@ -201,6 +205,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=d.model_path,
         help="a local Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--tokenizer-path",
+        "--tokenizer",
+        default=d.tokenizer_path,
+        help="the tokenizer's Hugging Face directory (with tokenizer.json) or GGUF file (default: the model's own)",
     )
     parser.add_argument("--served-model-name", default=d.served_model_name, help="the name /v1/models reports")
     parser.add_argument("--host", default=d.host)

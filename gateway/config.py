@@ -88,6 +88,7 @@ class GatewayConfig:
     admin_api_key: str | None = None
     tenant_keys: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None  # --chat-template's text: the replicas render chats with it
+    tokenizer_path: Path | None = None  # the replicas' --tokenizer-path (None: the model's own)
     routing: RoutingTunables = field(default_factory=RoutingTunables)
     health: HealthTunables = field(default_factory=HealthTunables)
     max_body_bytes: int = 16 * 2**20

@@ -43,7 +43,7 @@ def create_app(config: GatewayConfig) -> ASGIApp:
         config=config,
         replicas=replicas,
         reader=PromptReader(
-            load_tokenizer(config.model_path, config.chat_template),
+            load_tokenizer(config.tokenizer_path or config.model_path, config.chat_template),
             load_model_config(config.model_path).max_position_embeddings,
         ),
         forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, config.max_body_bytes),

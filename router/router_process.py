@@ -95,6 +95,7 @@ class RouterConfig:
     stream_interval: int = 1  # a streaming request's outputs: its first token, then every this many
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
     chat_template: str | None = None  # --chat-template's text, in place of the model's
+    tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
 
 
 class Router:
@@ -106,7 +107,7 @@ class Router:
         self.config = config
         self.tree_events = tree_events
         model_config = load_model_config(config.model_path)
-        self.tokenizer = load_tokenizer(config.model_path, config.chat_template)
+        self.tokenizer = load_tokenizer(config.tokenizer_path or config.model_path, config.chat_template)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_pages=config.num_pages,

@@ -42,6 +42,13 @@ def test_the_replicas_chat_template_reaches_the_config(tmp_path: Path):
         parse("--replica", "http://127.0.0.1:1", "--chat-template", str(tmp_path / "none.jinja"))
 
 
+def test_the_replicas_tokenizer_path_reaches_the_config(model_path: Path, tmp_path: Path):
+    assert parse("--replica", "http://127.0.0.1:1", "--tokenizer", str(model_path)).tokenizer_path == model_path
+    assert parse("--replica", "http://127.0.0.1:1").tokenizer_path == model_path  # the model's own
+    with pytest.raises(ValueError, match="neither a directory with tokenizer.json nor a .gguf file"):
+        parse("--replica", "http://127.0.0.1:1", "--tokenizer-path", str(tmp_path))
+
+
 def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, monkeypatch):
     keys = tmp_path / "keys.json"
     keys.write_text('{"ka": {"tenant": "alpha"}, "kb": {"tenant": "beta"}}')

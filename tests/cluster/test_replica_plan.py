@@ -4,6 +4,7 @@ limits read from cgroup (v1 and v2) files, and CPUs per rank from the affinity s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -12,12 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
+from radixcluster.model_path import ModelPathError, resolve_tokenizer_path
 from radixcluster.replica_plan import (
     DTYPE_BYTES,
     CpuPlan,
     cgroup_cpu_limit,
     cgroup_memory_limit,
     check_rank_memory,
+    check_tokenizer_fits,
     choose_context_length,
     choose_dtype,
     choose_kv_cache_dtype,
@@ -140,6 +143,36 @@ def test_no_room_after_the_weights_says_so(cfg):
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text + "\n")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(hf_tokenizer, tmp_path_factory) -> Path:
+    """A tokenizer alone, in Hugging Face's files (no config.json), as vLLM's --tokenizer takes one."""
+    directory = tmp_path_factory.mktemp("tokenizer")
+    hf_tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_a_tokenizer_path_is_a_tokenizer_directory_or_gguf_and_the_model_is_the_default(
+    model_path: Path, tokenizer_dir: Path, tmp_path: Path
+):
+    assert resolve_tokenizer_path(None, model_path) == model_path
+    assert resolve_tokenizer_path(str(tokenizer_dir), model_path) == tokenizer_dir
+    assert resolve_tokenizer_path(str(model_path), tmp_path) == model_path
+    for wrong in (tmp_path, tmp_path / "absent", tokenizer_dir / "tokenizer.json"):
+        with pytest.raises(ModelPathError, match="neither a directory with tokenizer.json nor a .gguf file"):
+            resolve_tokenizer_path(str(wrong), model_path)
+    with pytest.raises(ModelPathError, match="neither"):
+        ServerArgs(tokenizer_path=str(tmp_path))  # refused before anything starts
+
+
+def test_a_tokenizer_with_ids_beyond_the_models_embedding_is_refused(cfg, tokenizer_dir: Path, tmp_path: Path):
+    check_tokenizer_fits(tokenizer_dir, cfg)
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    spec["added_tokens"].append({**spec["added_tokens"][-1], "id": cfg.vocab_size, "content": "<|extra|>"})
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ModelPathError, match=f"{cfg.vocab_size + 1} tokens, more than the model's {cfg.vocab_size}"):
+        check_tokenizer_fits(tmp_path, cfg)
 
 
 def test_cgroup_v2_takes_the_tightest_limit_up_the_tree(tmp_path: Path):

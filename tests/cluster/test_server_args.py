@@ -80,13 +80,15 @@ def test_vllms_names_of_the_same_flags_act_as_ours():
     assert (args.random_seed, args.max_prefill_tokens) == (7, 512)
 
 
-def test_a_chat_template_is_read_before_anything_starts_and_reaches_every_replica(tmp_path):
+def test_a_chat_template_and_a_tokenizer_are_checked_before_anything_starts_and_reach_every_replica(
+    tmp_path, model_path
+):
     file = tmp_path / "t.jinja"
     file.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
-    args = parse("--chat-template", str(file), "--dp-size", "2")
-    assert args.chat_template == str(file)
-    assert "--chat-template" in replica_argv(args, exclude=("dp_size",))
-    assert parse(*replica_argv(args, exclude=("dp_size",))).chat_template == str(file)
+    args = parse("--chat-template", str(file), "--tokenizer", str(model_path), "--dp-size", "2")
+    assert (args.chat_template, args.tokenizer_path) == (str(file), str(model_path))
+    again = parse(*replica_argv(args, exclude=("dp_size",)))
+    assert (again.chat_template, again.tokenizer_path) == (str(file), str(model_path))
     with pytest.raises(ValueError, match="no such file, nor a Jinja template"):
         parse("--chat-template", "llama-2")
 

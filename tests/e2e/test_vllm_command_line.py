@@ -1,13 +1,16 @@
 """A vLLM command line pasted to `radixcluster up`: vLLM's names of our flags act, its flags that
-mean nothing here are accepted, and `--chat-template` renders chats in place of the model's
-template, on the replica and, given the same template, on a gateway in front of it."""
+mean nothing here are accepted, `--tokenizer` names a tokenizer directory beside the GGUF (as
+vLLM's GGUF guide does), and `--chat-template` renders chats in place of the model's template,
+on the replica and, given the same template, on a gateway in front of it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from radixcluster.router.text.tokenizer import load_tokenizer
 from support.api_helpers import get, post
 from support.servers import ServerHandle, launch_server, wait_replicas
 
@@ -28,16 +31,18 @@ TEMPLATE_TEXT = (
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory) -> Iterator[tuple[ServerHandle, ServerHandle]]:
+def servers(tmp_path_factory, hf_tokenizer) -> Iterator[tuple[ServerHandle, ServerHandle]]:
     template = tmp_path_factory.mktemp("template") / "plain.jinja"
     template.write_text(TEMPLATE)
+    tokenizer = tmp_path_factory.mktemp("tokenizer")
+    hf_tokenizer.save_pretrained(tokenizer)
     flags = (
         "--max-model-len 1024 --max-num-seqs 4 --block-size 16 --seed 7 --enforce-eager --swap-space 4 "
         "--enable-chunked-prefill --enable-auto-tool-choice --tool-call-parser hermes --disable-log-requests "
         "--kv-events-address tcp://127.0.0.1:0"
     )
-    with launch_server(*flags.split(), "--chat-template", str(template)) as replica:
-        gateway_flags = (f"--replica={replica.url}", "--chat-template", str(template))
+    with launch_server(*flags.split(), "--chat-template", str(template), "--tokenizer", str(tokenizer)) as replica:
+        gateway_flags = (f"--replica={replica.url}", "--chat-template", str(template), "--tokenizer", str(tokenizer))
         with launch_server(*gateway_flags, command="gateway") as gateway:
             wait_replicas(gateway, 1)
             yield replica, gateway
@@ -50,6 +55,15 @@ def test_vllms_names_of_our_flags_act(servers) -> None:
     assert get(replica, "/v1/models").json()["data"][0]["max_model_len"] == 1024
     too_long = {"model": "m", "prompt": "word " * 1100, "max_tokens": 1}
     assert post(replica, "/v1/completions", too_long).status_code == 400
+
+
+def test_the_tokenizer_given_is_the_one_that_serves(servers, model_path) -> None:
+    replica, _ = servers
+    info = get(replica, "/get_model_info").json()
+    assert info["tokenizer_path"] != info["model_path"] == str(model_path)
+    assert Path(info["tokenizer_path"], "tokenizer.json").is_file()
+    text = "Tokenizers agree: 12345 apples, naïve café."
+    assert post(replica, "/tokenize", {"prompt": text}).json()["tokens"] == load_tokenizer(model_path).encode(text)
 
 
 def test_the_chat_template_renders_chats_on_the_replica(servers) -> None:
