@@ -254,6 +254,7 @@ class Launcher:
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
             chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
             tokenizer_path=plan.tokenizer_path,
+            log_requests=args.log_requests,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

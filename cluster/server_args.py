@@ -37,7 +37,7 @@ DEFAULT_NAMING_FLAGS = {
     "--disable-overlap-schedule": "the router schedules between steps, never during one",
     "--enable-chunked-prefill": "prompts longer than --chunked-prefill-size are always chunked",
     "--enable-auto-tool-choice": 'tool_choice "auto" reads calls whenever --tool-call-parser names a format',
-    "--disable-log-requests": "requests are not logged",
+    "--disable-log-requests": "requests are logged only with --log-requests",
     "--disable-fastapi-docs": "no /docs or /redoc page is served",
 }
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
@@ -108,6 +108,7 @@ class ServerArgs:
     reasoning_parser: str | None = None
     chat_template: str | None = None
     tokenizer_path: str | None = None
+    log_requests: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -343,6 +344,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="replicas (each its own router and TP group) behind one cache-aware gateway on --port",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    parser.add_argument(
+        "--log-requests",
+        "--enable-log-requests",
+        action="store_true",
+        help="log a line when each request is queued and when it ends (ids, counts, reasons; never text), "
+        "whatever --log-level says",
+    )
     parser.add_argument(
         "--shutdown-timeout",
         type=float,

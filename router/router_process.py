@@ -47,6 +47,7 @@ from radixcluster.router.group_health import GroupHealth
 from radixcluster.router.output_streams import OutputStreams
 from radixcluster.router.request import Request
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
+from radixcluster.router.request_log import RequestLog
 from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets, StepAbandoned
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.step_times import StepTimes
@@ -95,6 +96,7 @@ class RouterConfig:
     stream_interval: int = 1  # a streaming request's outputs: its first token, then every this many
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
     chat_template: str | None = None  # --chat-template's text, in place of the model's
+    log_requests: bool = False  # --log-requests: a line when each request is queued and when it ends
     tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
 
 
@@ -130,6 +132,7 @@ class Router:
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
         self.streams = OutputStreams(self.tokenizer, self.intake.memo, config.stream_interval)
         self.step_times = StepTimes()
+        self.request_log = RequestLog(config.log_requests)
         self.group = GroupHealth(config.max_worker_restarts)
         self.aborted_total = 0
         self._batch: ScheduledBatch | None = None  # the step in progress
@@ -151,6 +154,9 @@ class Router:
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
+        return self.request_log.ended(self._handle(msg))
+
+    def _handle(self, msg: object) -> list[RequestOutput | ControlResponse]:
         if isinstance(msg, GenerateRequest):
             try:
                 return self._submit(msg)
@@ -195,6 +201,7 @@ class Router:
     def _queue(self, msg: GenerateRequest, request: Request, prompt_text: str | None) -> None:
         self.streams.open(msg, request, prompt_text)
         self.scheduler.add_request(request)
+        self.request_log.queued(request)
 
     def _forget(self, rid: str) -> None:
         """Drop whatever a request that failed half-way left behind."""
@@ -233,7 +240,7 @@ class Router:
             outputs += self._abort(rids, "internal error while running the request", 500)
         finally:
             self._batch = None
-        return outputs
+        return self.request_log.ended(outputs)
 
     def _step(self, execute: Executor) -> list[RequestOutput]:
         start = time.perf_counter()
@@ -263,7 +270,7 @@ class Router:
             if req.group_losses >= MAX_LOSSES_PER_REQUEST:
                 doomed.append(req.rid)
         message = f"the model workers failed {MAX_LOSSES_PER_REQUEST} times while running this request ({reason})"
-        return self._abort(doomed, message, 500)
+        return self.request_log.ended(self._abort(doomed, message, 500))
 
     def group_restored(self, generation: int) -> None:
         logger.warning("the TP group (generation %d) serves; resuming", generation)
@@ -290,7 +297,7 @@ class Router:
 
     def abort_all(self, message: str, status: int = 200) -> list[RequestOutput]:
         """End every open request (shutdown), those waiting for a grammar too."""
-        return self._abort(self.compiling.rids() + self.streams.rids(), message, status)
+        return self.request_log.ended(self._abort(self.compiling.rids() + self.streams.rids(), message, status))
 
     def _abort(self, rids: list[str], message: str, status: int) -> list[RequestOutput]:
         """End ``rids`` from outside (their client, shutdown, a failed step), whether they wait

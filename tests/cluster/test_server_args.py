@@ -78,6 +78,8 @@ def test_vllms_names_of_the_same_flags_act_as_ours():
     args = parse(*"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 512".split())
     assert (args.context_length, args.max_running_requests, args.page_size) == (1024, 8, 16)
     assert (args.random_seed, args.max_prefill_tokens) == (7, 512)
+    assert parse("--enable-log-requests").log_requests and parse("--log-requests").log_requests
+    assert not parse().log_requests
 
 
 def test_a_chat_template_and_a_tokenizer_are_checked_before_anything_starts_and_reach_every_replica(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import re
 
@@ -116,6 +117,31 @@ def test_stream_deltas_concatenate_to_the_whole_and_a_stop_string_trims(router, 
     last = next(iter(stopped.values()))[-1]
     assert last.text == text[: text.index(stop)]
     assert last.finish_reason == {"type": "stop", "matched": stop}
+
+
+def test_log_requests_logs_each_request_queued_and_ended_without_its_text(model_path, runner, caplog):
+    """--log-requests: a line when a request is queued and one when it ends, whatever the log
+    level; the prompt's and answer's text never; none of it without the flag."""
+    prompt = "A secret the log must not show: swordfish. The capital of France is"
+    with caplog.at_level(logging.DEBUG, logger="radixcluster.requests"):
+        quiet = Router(router_config(model_path))
+        run(quiet, runner, request(prompt, sampling={"max_new_tokens": 3, "ignore_eos": True}))
+        assert not [r for r in caplog.records if r.name == "radixcluster.requests"]
+    logging.getLogger().setLevel(logging.WARNING)  # the server's default level
+    logged = Router(router_config(model_path, log_requests=True))
+    ran = run(logged, runner, request(prompt, sampling={"max_new_tokens": 3, "ignore_eos": True}))
+    run(logged, runner, request(prompt, sampling={"max_new_tokens": 10_000}))  # past the context: a 400
+    (last,) = [outs[-1] for outs in ran.values()]
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.requests"]
+    assert len(lines) == 3
+    assert re.fullmatch(
+        rf"request {last.rid} queued: {last.prompt_tokens} prompt tokens, max_new_tokens 3, .*", lines[0]
+    )
+    assert re.fullmatch(
+        rf"request {last.rid} ended \(length\): {last.prompt_tokens} prompt tokens, .*3 generated, [0-9.]+ s", lines[1]
+    )
+    assert re.fullmatch(r"request r\d+ failed \(400\): .*", lines[2])
+    assert not any("swordfish" in line or last.text in line for line in lines)
 
 
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):

@@ -1,0 +1,63 @@
+"""``--log-requests``: one line when the router queues a request and one when it ends (its id,
+tenant, counts, finish reason or error, and seconds), never the prompt's or the answer's text,
+on the logger ``radixcluster.requests`` whatever ``--log-level`` says."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TypeVar
+
+from radixcluster.protocol import RequestOutput
+from radixcluster.router.request import Request
+
+logger = logging.getLogger("radixcluster.requests")
+
+T = TypeVar("T")
+
+
+class RequestLog:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._queued_at: dict[str, float] = {}
+        logger.setLevel(logging.INFO if enabled else logging.WARNING)
+
+    def queued(self, request: Request) -> None:
+        if not self.enabled:
+            return
+        self._queued_at[request.rid] = time.monotonic()
+        s = request.sampling
+        logger.info(
+            "request %s queued: %d prompt tokens, max_new_tokens %d, temperature %g, tenant %s",
+            request.rid,
+            request.prompt_len,
+            s.max_new_tokens,
+            s.temperature,
+            request.tenant or "-",
+        )
+
+    def ended(self, outputs: list[T]) -> list[T]:
+        """Log the requests that ``outputs`` end; returns ``outputs``."""
+        if not self.enabled:
+            return outputs
+        for out in outputs:
+            if isinstance(out, RequestOutput) and out.finished:
+                self._end(out)
+        return outputs
+
+    def _end(self, out: RequestOutput) -> None:
+        start = self._queued_at.pop(out.rid, None)
+        took = f", {time.monotonic() - start:.3f} s" if start is not None else ""
+        if out.error is not None:
+            logger.info("request %s failed (%d): %s%s", out.rid, out.status, out.error, took)
+            return
+        reason = (out.finish_reason or {}).get("type", "-")
+        logger.info(
+            "request %s ended (%s): %d prompt tokens, %d cached, %d generated%s",
+            out.rid,
+            reason,
+            out.prompt_tokens,
+            out.cached_tokens,
+            out.completion_tokens,
+            took,
+        )
