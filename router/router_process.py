@@ -357,9 +357,16 @@ class Router:
         }
 
     def _tokenize(self, args: dict) -> dict:
-        """``{"tokens": [ids of each prompt]}``: ``prompts`` encoded as /generate would, or
-        ``messages`` rendered with the chat template first; ValueError on a bad chat, or on
-        more text than one prompt can hold (tokenizing it would hold up the loop)."""
+        """``{"tokens": [ids of each prompt]}``, with ``token_strs`` (each id's vocabulary entry)
+        when asked; ValueError on a bad chat, or on more text than one prompt can hold."""
+        tokens = self._token_ids(args)
+        if not args.get("token_strs"):
+            return {"tokens": tokens}
+        return {"tokens": tokens, "token_strs": [[self.tokenizer.id_to_token(i) for i in ids] for ids in tokens]}
+
+    def _token_ids(self, args: dict) -> list[list[int]]:
+        """``prompts`` encoded as /generate would, or ``messages`` rendered with the chat template
+        first (tokenizing more text than one prompt can hold would hold up the loop)."""
         if "messages" in args:
             self.intake.check_chat(args["messages"])
             text = self.tokenizer.apply_chat_template(
@@ -369,10 +376,10 @@ class Router:
                 template_kwargs=args.get("chat_template_kwargs"),
             )
             self.intake.check_text(text, "the rendered chat")
-            return {"tokens": [self.tokenizer.encode(text, add_special_tokens=False)]}
+            return [self.tokenizer.encode(text, add_special_tokens=False)]
         self.intake.check_text("".join(args["prompts"]), "the text to tokenize")
         add_special = bool(args.get("add_special_tokens", True))
-        return {"tokens": [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]}
+        return [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]
 
     def _detokenize(self, args: dict) -> dict:
         """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary, or

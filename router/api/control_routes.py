@@ -43,9 +43,9 @@ def control_routes(ctx: ApiContext) -> APIRouter:
     @router.post("/v1/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await ctx.body(request, TokenizeIn)
-        tokens = (await tokenizer_call(ctx, "tokenize", body.router_args()))["tokens"]
+        tokenized = await tokenizer_call(ctx, "tokenize", body.router_args())
         info = await ctx.client.control("server_info")
-        return body.answer(tokens, info["context_length"])
+        return body.answer(tokenized, info["context_length"])
 
     @router.post("/detokenize")
     @router.post("/v1/detokenize")

@@ -20,6 +20,7 @@ class TokenizeIn(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    return_token_strs: bool = False  # vLLM's: each id's vocabulary entry too, as ``token_strs``
     # a chat's, rendered as the chat endpoint renders them (vLLM's /tokenize takes them too)
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -39,15 +40,24 @@ class TokenizeIn(BaseModel):
                 "add_generation_prompt": self.add_generation_prompt,
                 "tools": [t.as_dict() for t in self.tools] if self.tools else None,
                 "chat_template_kwargs": self.chat_template_kwargs,
+                "token_strs": self.return_token_strs,
             }
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        return {"prompts": prompts, "add_special_tokens": self.add_special_tokens}
+        return {"prompts": prompts, "add_special_tokens": self.add_special_tokens, "token_strs": self.return_token_strs}
 
-    def answer(self, tokens: list[list[int]], max_model_len: int) -> dict[str, Any]:
-        """SGLang's response: one id list and its count, or a list of each for a list of prompts."""
-        if isinstance(self.prompt, list):
-            return {"tokens": tokens, "count": [len(t) for t in tokens], "max_model_len": max_model_len}
-        return {"tokens": tokens[0], "count": len(tokens[0]), "max_model_len": max_model_len}
+    def answer(self, tokenized: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+        """SGLang's response: one id list and its count, or a list of each for a list of prompts;
+        with ``return_token_strs`` each id's vocabulary entry too, as vLLM gives them."""
+        tokens, strs = tokenized["tokens"], tokenized.get("token_strs")
+        one = not isinstance(self.prompt, list)
+        answer = {
+            "tokens": tokens[0] if one else tokens,
+            "count": len(tokens[0]) if one else [len(t) for t in tokens],
+            "max_model_len": max_model_len,
+        }
+        if strs is not None:
+            answer["token_strs"] = strs[0] if one else strs
+        return answer
 
 
 class DetokenizeIn(BaseModel):
@@ -67,7 +77,9 @@ class DetokenizeIn(BaseModel):
         return {"tokens": batch, "skip_special_tokens": self.skip_special_tokens}
 
     def answer(self, texts: list[str]) -> dict[str, Any]:
-        return {"text": texts if self.is_batch else texts[0]}
+        """SGLang's ``text``, and the same as vLLM's ``prompt``."""
+        text = texts if self.is_batch else texts[0]
+        return {"text": text, "prompt": text}
 
 
 class AbortIn(BaseModel):

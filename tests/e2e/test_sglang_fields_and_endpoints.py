@@ -120,8 +120,16 @@ def test_tokenize_and_detokenize(server):
     assert one["count"] == len(one["tokens"]) > 0 and one["max_model_len"] > 0
     two = post(server, "/v1/tokenize", {"prompt": ["Hello, world", "你好"]}).json()
     assert two["tokens"][0] == one["tokens"] and two["count"] == [len(t) for t in two["tokens"]]
-    assert post(server, "/detokenize", {"tokens": one["tokens"]}).json() == {"text": "Hello, world"}
-    assert post(server, "/v1/detokenize", {"tokens": two["tokens"]}).json() == {"text": ["Hello, world", "你好"]}
+    # SGLang's ``text``, and vLLM's ``prompt``
+    assert post(server, "/detokenize", {"tokens": one["tokens"]}).json() == {
+        "text": "Hello, world",
+        "prompt": "Hello, world",
+    }
+    assert post(server, "/v1/detokenize", {"tokens": two["tokens"]}).json()["text"] == ["Hello, world", "你好"]
+    # vLLM's return_token_strs: each id's vocabulary entry
+    strs = post(server, "/tokenize", {"prompt": "Hello, world", "return_token_strs": True}).json()
+    assert strs["tokens"] == one["tokens"] and strs["token_strs"] == ["Hello", ",", "Ġworld"]
+    assert "token_strs" not in one
     chat = post(server, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]}).json()
     spelled = post(server, "/detokenize", {"tokens": chat["tokens"], "skip_special_tokens": False}).json()["text"]
     assert spelled.startswith("<|im_start|>") and spelled.endswith("<|im_start|>assistant\n")
