@@ -15,7 +15,7 @@ from radixcluster.router.api.errors import ApiError, error_response
 
 # Load balancers probe /health without credentials; the cache page's files hold no data (the
 # page asks for the key, and sends it with the calls that fetch the data).
-PUBLIC_PATHS = frozenset({"/health", "/cache", "/cache/page.js", "/cache/page.css"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/cache", "/cache/page.js", "/cache/page.css"})
 
 
 # The tenant of the request being served, set by BearerAuth for the task that serves it (and the

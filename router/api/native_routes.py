@@ -64,6 +64,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         return JSONResponse(results if as_list else results[0])
 
     @router.get("/health")
+    @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
     async def health() -> Response:
         # 503 with the reason while the router is unreachable or has no TP group (one is replaced)
         try:

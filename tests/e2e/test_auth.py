@@ -23,6 +23,8 @@ def secured():
 
 def test_health_needs_no_key(secured):
     assert requests.get(secured.url + "/health", timeout=TIMEOUT_S).status_code == 200
+    for method in ("GET", "POST"):  # vLLM's /ping, the probe SageMaker sends
+        assert requests.request(method, secured.url + "/ping", timeout=TIMEOUT_S).status_code == 200
 
 
 @pytest.mark.parametrize(
