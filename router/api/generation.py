@@ -58,6 +58,7 @@ class Generation:
     all_output_logprobs: list[list[Any]] = field(default_factory=list)
     num_output_logprobs: int = 0
     prompt_ids: list[int] = field(default_factory=list)  # when asked (GenerateRequest.return_prompt_ids)
+    stop_token_ids: tuple[int, ...] = ()  # the request's own, which vLLM's stop_reason names (EOS it does not)
 
     @property
     def output_ids(self) -> list[int]:
@@ -104,7 +105,10 @@ class _Progress:
 
     def __init__(self, request: GenerateRequest) -> None:
         self.last = Generation(
-            rid=request.rid, return_logprob=request.return_logprob, top_logprobs_num=request.top_logprobs_num
+            rid=request.rid,
+            return_logprob=request.return_logprob,
+            top_logprobs_num=request.top_logprobs_num,
+            stop_token_ids=tuple(request.sampling.stop_token_ids),
         )
 
     def add(self, out: RequestOutput, e2e_latency: float) -> Generation:
@@ -134,6 +138,7 @@ class _Progress:
             all_output_ids=last.all_output_ids,
             num_output_ids=len(last.all_output_ids),
             prompt_ids=out.prompt_ids or last.prompt_ids,
+            stop_token_ids=last.stop_token_ids,
             all_output_logprobs=last.all_output_logprobs,
             num_output_logprobs=len(last.all_output_logprobs),
         )

@@ -36,17 +36,19 @@ from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
-_UNFINISHED = {"finish_reason": None, "matched_stop": None}
+_UNFINISHED = {"finish_reason": None, "matched_stop": None, "stop_reason": None}
 
 
 def finish(gen: Generation) -> dict[str, Any]:
-    """A choice's ``finish_reason`` and, as SGLang gives it, ``matched_stop``: the stop string
-    or token id that ended it (None otherwise)."""
+    """A choice's ``finish_reason``; as SGLang gives it, ``matched_stop``: the stop string or
+    token id that ended it (the EOS token's too; None otherwise); and as vLLM gives it,
+    ``stop_reason``: the stop string or one of the request's ``stop_token_ids`` (None at EOS)."""
     kind = gen.finish_type
     if not gen.finished or kind is None:
         return _UNFINISHED
     matched = gen.finish_reason.get("matched") if kind == "stop" and gen.finish_reason else None
-    return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched}
+    stop_reason = matched if isinstance(matched, str) or matched in gen.stop_token_ids else None
+    return {"finish_reason": _FINISH_REASONS.get(kind, kind), "matched_stop": matched, "stop_reason": stop_reason}
 
 
 def chat_answer(gen: Generation, reader: ChatAnswerReader) -> tuple[dict[str, Any], dict[str, Any]]:

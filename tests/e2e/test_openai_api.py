@@ -81,6 +81,22 @@ def test_choices_say_which_stop_ended_them_as_sglang_does(client, model):
     ]
 
 
+def test_choices_say_which_stop_ended_them_as_vllm_does(client, model):
+    """vLLM's stop_reason: the stop string, or one of the request's stop_token_ids; None at EOS."""
+    ask = {"model": model, "messages": QUESTION, "temperature": 0}
+    by_string = client.chat.completions.create(**ask, max_tokens=40, stop=[" capital", "Paris"])
+    assert by_string.choices[0].stop_reason == by_string.choices[0].matched_stop
+    by_eos = client.chat.completions.create(**ask, max_tokens=200, extra_body={"return_token_ids": True})
+    assert (by_eos.choices[0].matched_stop, by_eos.choices[0].stop_reason) == (2, None)
+    ids = by_eos.choices[0].token_ids
+    by_id = client.chat.completions.create(**ask, max_tokens=200, extra_body={"stop_token_ids": [ids[1]]})
+    assert (by_id.choices[0].finish_reason, by_id.choices[0].stop_reason) == ("stop", ids[1])
+    streamed = client.completions.create(
+        model=model, prompt="One, two, three,", max_tokens=20, temperature=0, stop=[" five"], stream=True
+    )
+    assert [c.choices[0].stop_reason for c in streamed if c.choices[0].finish_reason] == [" five"]
+
+
 def test_sglangs_stop_regex_and_extra_key_work_on_the_openai_endpoints(client, model, server):
     native = post(
         server, "/generate", {"text": "One, two, three,", "sampling_params": {**GREEDY, "stop_regex": "fi[a-z]+"}}
