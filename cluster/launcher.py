@@ -255,6 +255,7 @@ class Launcher:
             chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
             tokenizer_path=plan.tokenizer_path,
             log_requests=args.log_requests,
+            schedule_conservativeness=args.schedule_conservativeness,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

@@ -109,6 +109,7 @@ class ServerArgs:
     chat_template: str | None = None
     tokenizer_path: str | None = None
     log_requests: bool = False
+    schedule_conservativeness: float = 1.0
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -130,6 +131,8 @@ class ServerArgs:
             raise ValueError(f"--max-prefill-tokens must hold at least one page, got {self.max_prefill_tokens}")
         if self.random_seed is not None and not 0 <= self.random_seed < 2**63:
             raise ValueError(f"--random-seed must be in [0, 2**63), got {self.random_seed}")
+        if self.schedule_conservativeness <= 0:
+            raise ValueError(f"--schedule-conservativeness must be > 0, got {self.schedule_conservativeness}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
@@ -264,6 +267,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-radix-cache", action="store_true", help="no prefix reuse (forces fcfs)")
     parser.add_argument("--schedule-policy", choices=SCHEDULE_POLICIES, default=d.schedule_policy)
     parser.add_argument("--radix-eviction-policy", choices=EVICTION_POLICIES, default=d.radix_eviction_policy)
+    parser.add_argument(
+        "--schedule-conservativeness",
+        type=float,
+        default=d.schedule_conservativeness,
+        help="SGLang's: scales the share of running requests' remaining tokens whose pages admission holds back "
+        "(higher: fewer retractions, smaller batches)",
+    )
     parser.add_argument(
         "--dtype",
         choices=("auto", "float32", "bfloat16", "float16"),

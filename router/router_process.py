@@ -97,6 +97,7 @@ class RouterConfig:
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)  # --api-key-file: tenant -> quotas
     chat_template: str | None = None  # --chat-template's text, in place of the model's
     log_requests: bool = False  # --log-requests: a line when each request is queued and when it ends
+    schedule_conservativeness: float = 1.0  # SGLang's: scales the KV held back for running decodes
     tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
 
 
@@ -122,6 +123,7 @@ class Router:
                 eviction_policy=config.eviction_policy,
                 max_pinned_fraction=config.max_pinned_fraction,
                 tenant_quotas=config.tenant_quotas,
+                schedule_conservativeness=config.schedule_conservativeness,
             ),
             on_tree_event=tree_events.on_event if tree_events is not None else None,
         )

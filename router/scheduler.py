@@ -43,7 +43,8 @@ from radixcluster.router.tenant_quota import TenantQuota
 logger = logging.getLogger(__name__)
 
 # expected fraction of remaining new tokens a running request will still decode: held back
-# from admission; raised after a retraction, decayed every decode step
+# from admission; raised after a retraction, decayed every decode step; the first and the least
+# are scaled by SGLang's --schedule-conservativeness (at most all of them)
 INIT_RESERVE_RATIO = 0.7
 MIN_RESERVE_RATIO = 0.1
 RESERVE_DECAY_PER_STEP = 0.001
@@ -63,8 +64,11 @@ class SchedulerConfig:
     eviction_policy: str = "lru"
     max_pinned_fraction: float = 0.5  # of the pool, the most that pins may hold
     tenant_quotas: dict[str, TenantQuota] = field(default_factory=dict)
+    schedule_conservativeness: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.schedule_conservativeness <= 0:
+            raise ValueError(f"schedule_conservativeness must be positive, got {self.schedule_conservativeness}")
         for name in ("num_pages", "page_size", "max_running_requests", "max_context_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -89,7 +93,8 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.reqs: dict[str, Request] = {}
         self.counters = SchedulerStats()
-        self.reserve_ratio = INIT_RESERVE_RATIO
+        self.min_reserve_ratio = min(1.0, MIN_RESERVE_RATIO * config.schedule_conservativeness)
+        self.reserve_ratio = min(1.0, INIT_RESERVE_RATIO * config.schedule_conservativeness)
         self._step_id = 0
         self._admit_seq = 0
         self._idle_checked = True
@@ -250,7 +255,7 @@ class Scheduler:
         return list(self.running)
 
     def _decay_reserve(self) -> None:
-        self.reserve_ratio = max(MIN_RESERVE_RATIO, self.reserve_ratio - RESERVE_DECAY_PER_STEP)
+        self.reserve_ratio = max(self.min_reserve_ratio, self.reserve_ratio - RESERVE_DECAY_PER_STEP)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         reqs = self._give_decode_pages()

@@ -176,6 +176,29 @@ def test_tiny_pool_retracts_and_still_completes_everything(page_size: int) -> No
     assert results[80 // page_size + 4] == results[4096]
 
 
+def test_schedule_conservativeness_holds_back_more_and_retracts_less() -> None:
+    """SGLang's --schedule-conservativeness scales the share of running requests' remaining tokens
+    that admission holds back (at most all of them): a cautious scheduler admits fewer at once and
+    retracts fewer, with the same outputs."""
+    prompts = [np.concatenate([rand(30, 7), rand(10 + i, 20 + i)]) for i in range(12)]
+    retracted, outputs = {}, {}
+    for conservativeness in (0.5, 1.0, 3.0):
+        s, ex = make(num_pages=84, max_running=8, chunk=64, schedule_conservativeness=conservativeness)
+        assert s.reserve_ratio == pytest.approx(min(1.0, 0.7 * conservativeness))
+        assert s.min_reserve_ratio == pytest.approx(min(1.0, 0.1 * conservativeness))
+        reqs = [req(f"r{i}", p, max_new=20) for i, p in enumerate(prompts)]
+        for r in reqs:
+            s.add_request(r)
+        run(s, ex)
+        check_outputs(reqs)
+        retracted[conservativeness] = s.counters.retractions_total
+        outputs[conservativeness] = [r.output_ids for r in reqs]
+    assert retracted[0.5] > retracted[1.0] > retracted[3.0]
+    assert outputs[0.5] == outputs[1.0] == outputs[3.0]
+    with pytest.raises(ValueError, match="schedule_conservativeness"):
+        make(schedule_conservativeness=0)
+
+
 def test_cached_tokens_are_counted_once_even_after_retraction() -> None:
     s, ex = make(num_pages=70, max_running=4, chunk=64)
     shared = rand(30, 8)
