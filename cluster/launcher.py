@@ -256,6 +256,7 @@ class Launcher:
             tokenizer_path=plan.tokenizer_path,
             log_requests=args.log_requests,
             schedule_conservativeness=args.schedule_conservativeness,
+            decode_log_interval=args.decode_log_interval,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

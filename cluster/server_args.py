@@ -110,6 +110,7 @@ class ServerArgs:
     tokenizer_path: str | None = None
     log_requests: bool = False
     schedule_conservativeness: float = 1.0
+    decode_log_interval: int = 40
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -121,6 +122,7 @@ class ServerArgs:
             "max_running_requests",
             "max_queued_requests",
             "stream_interval",
+            "decode_log_interval",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -354,6 +356,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="replicas (each its own router and TP group) behind one cache-aware gateway on --port",
     )
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    parser.add_argument(
+        "--decode-log-interval",
+        type=int,
+        default=d.decode_log_interval,
+        help="SGLang's: every this many decode steps an INFO line on the batch and the tokens decoded per second",
+    )
     parser.add_argument(
         "--log-requests",
         "--enable-log-requests",

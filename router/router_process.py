@@ -41,6 +41,7 @@ from radixcluster.protocol import (
 )
 from radixcluster.router.batch_builder import ScheduledBatch
 from radixcluster.router.cache_control import CacheControl
+from radixcluster.router.decode_log import DecodeLog
 from radixcluster.router.grammar import GrammarCache, requested_grammar
 from radixcluster.router.grammar_waits import GrammarWaits
 from radixcluster.router.group_health import GroupHealth
@@ -98,6 +99,7 @@ class RouterConfig:
     chat_template: str | None = None  # --chat-template's text, in place of the model's
     log_requests: bool = False  # --log-requests: a line when each request is queued and when it ends
     schedule_conservativeness: float = 1.0  # SGLang's: scales the KV held back for running decodes
+    decode_log_interval: int = 40  # SGLang's: an INFO line on the decode batch every this many steps
     tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
 
 
@@ -135,6 +137,7 @@ class Router:
         self.streams = OutputStreams(self.tokenizer, self.intake.memo, config.stream_interval)
         self.step_times = StepTimes()
         self.request_log = RequestLog(config.log_requests)
+        self.decode_log = DecodeLog(config.decode_log_interval)
         self.group = GroupHealth(config.max_worker_restarts)
         self.aborted_total = 0
         self._batch: ScheduledBatch | None = None  # the step in progress
@@ -253,7 +256,11 @@ class Router:
         self.group.stepped()
         advanced = self.scheduler.process_result(batch, result)
         outputs = self.streams.collect(advanced, self.scheduler)
-        self.step_times.observe(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.step_times.observe(seconds)
+        if not batch.is_prefill:
+            used = 1 - self.scheduler.allocator.num_free / self.config.num_pages
+            self.decode_log.stepped(len(batch.requests), seconds, self.queued(), used)
         return outputs
 
     def lose_group(self, generation: int, reason: str) -> list[RequestOutput] | None:

@@ -95,12 +95,15 @@ def test_a_chat_template_and_a_tokenizer_are_checked_before_anything_starts_and_
         parse("--chat-template", "llama-2")
 
 
-def test_sglangs_schedule_conservativeness_reaches_every_replica():
+def test_sglangs_schedule_conservativeness_and_decode_log_interval():
     args = parse("--schedule-conservativeness", "1.3", "--dp-size", "2")
     assert args.schedule_conservativeness == 1.3
     assert parse(*replica_argv(args, exclude=("dp_size",))).schedule_conservativeness == 1.3
     with pytest.raises(ValueError, match="--schedule-conservativeness must be > 0"):
         parse("--schedule-conservativeness", "0")
+    assert (parse().decode_log_interval, parse("--decode-log-interval", "10").decode_log_interval) == (40, 10)
+    with pytest.raises(ValueError, match="--decode-log-interval must be >= 1"):
+        parse("--decode-log-interval", "0")
 
 
 def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(caplog):

@@ -144,6 +144,24 @@ def test_log_requests_logs_each_request_queued_and_ended_without_its_text(model_
     assert not any("swordfish" in line or last.text in line for line in lines)
 
 
+def test_decode_log_interval_logs_the_batch_every_that_many_decode_steps(model_path, runner, caplog):
+    router = Router(router_config(model_path, decode_log_interval=2))
+    with caplog.at_level(logging.INFO, logger="radixcluster.router.decode_log"):
+        run(
+            router,
+            runner,
+            *(request("Count: one, two,", sampling={"max_new_tokens": 5, "ignore_eos": True}) for _ in "ab"),
+        )
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.router.decode_log"]
+    # the first token of each comes from its prefill; the other four from four decode steps
+    assert len(lines) == 2
+    for line in lines:
+        assert re.fullmatch(
+            r"decode: a batch of 2, 0 queued, KV pool \d+\.\d% used, [\d.]+ tokens/s decoded over the last 2 steps",
+            line,
+        )
+
+
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
     """--stream-interval 4: a streaming request's outputs carry 1, 4, 4, ... tokens and the
     rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged;
