@@ -232,13 +232,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-size", "--block-size", type=int, default=d.page_size, help="tokens per KV page")
     parser.add_argument(
         "--chunked-prefill-size",
+        "--max-num-batched-tokens",  # vLLM's token budget of a step, which chunks its prompts
         type=int,
         default=d.chunked_prefill_size,
         help="most prompt tokens computed in one step; longer prompts are chunked",
     )
     parser.add_argument(
         "--max-prefill-tokens",
-        "--max-num-batched-tokens",
         type=int,
         default=d.max_prefill_tokens,
         help="SGLang's cap on a prefill batch's tokens: a step computes at most this and --chunked-prefill-size",

@@ -75,9 +75,11 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
 
 
 def test_vllms_names_of_the_same_flags_act_as_ours():
-    args = parse(*"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 512".split())
+    args = parse(
+        *"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 4096".split()
+    )
     assert (args.context_length, args.max_running_requests, args.page_size) == (1024, 8, 16)
-    assert (args.random_seed, args.max_prefill_tokens) == (7, 512)
+    assert (args.random_seed, args.chunked_prefill_size, args.step_prompt_tokens) == (7, 4096, 4096)
     assert parse("--enable-log-requests").log_requests and parse("--log-requests").log_requests
     assert not parse().log_requests
 
