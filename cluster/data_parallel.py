@@ -156,7 +156,7 @@ class DataParallelLauncher:
                 replica_api_key=keys.own,
                 admin_api_key=args.admin_api_key,
                 tenant_keys=load_tenant_keys(args.api_key_file) if args.api_key_file else {},
-                chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
+                chat_template=read_chat_template(args.chat_template),
                 log_level=args.log_level,
                 shutdown_timeout_s=args.shutdown_timeout,
             ),

@@ -141,7 +141,7 @@ def gateway_config_from_namespace(ns: argparse.Namespace) -> GatewayConfig:
         replica_api_key=replica_api_key,
         admin_api_key=admin_api_key,
         tenant_keys=tenant_keys,
-        chat_template=read_chat_template(ns.chat_template) if ns.chat_template else None,
+        chat_template=read_chat_template(ns.chat_template),
         routing=RoutingTunables(ns.policy, ns.load_weight, ns.min_overlap),
         health=HealthTunables(ns.health_interval, ns.breaker_failures, ns.breaker_cooldown),
         log_level=ns.log_level,

@@ -252,7 +252,7 @@ class Launcher:
             max_worker_restarts=args.max_worker_restarts,
             stream_interval=args.stream_interval,
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
-            chat_template=read_chat_template(args.chat_template) if args.chat_template else None,
+            chat_template=read_chat_template(args.chat_template),
             tokenizer_path=plan.tokenizer_path,
             log_requests=args.log_requests,
             schedule_conservativeness=args.schedule_conservativeness,

@@ -153,8 +153,7 @@ class ServerArgs:
             raise ValueError(f"--max-pinned-fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if self.api_key_file is not None:
             load_tenant_keys(self.api_key_file)  # refused here, before anything starts
-        if self.chat_template is not None:
-            read_chat_template(self.chat_template)
+        read_chat_template(self.chat_template)
         if self.tokenizer_path is not None:
             resolve_tokenizer_path(self.tokenizer_path, Path())
         if not 0 <= self.shutdown_timeout <= MAX_WAIT_S:

@@ -54,9 +54,12 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-def read_chat_template(value: str) -> str:
+def read_chat_template(value: str | None) -> str | None:
     """The template ``--chat-template`` names: a Jinja file's text, or ``value`` itself when it
-    is a template (vLLM takes both). ValueError saying why when it is neither, or does not compile."""
+    is a template (vLLM takes both); None without the flag. ValueError saying why when it is
+    neither, or does not compile."""
+    if value is None:
+        return None
     path = Path(value).expanduser()
     if path.is_file():
         try:
