@@ -9,6 +9,7 @@ machine and the model once and calls them.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -20,6 +21,8 @@ from radixcluster.model_config import ModelConfig, load_model_config
 from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path, served_model_name
 from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.server_args import FP8_KV_CACHE_DTYPES, ServerArgs
+
+logger = logging.getLogger(__name__)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # cgroup v1 writes "no limit" as a number near 2**63
@@ -102,9 +105,16 @@ def _layer_linear_params(cfg: ModelConfig) -> int:
     return attn + 3 * cfg.hidden_size * cfg.intermediate_size
 
 
+def mem_fraction(args: ServerArgs, device: str) -> float:
+    """The share of memory for weights + KV pool: --mem-fraction-static, vLLM's
+    --gpu-memory-utilization on a GPU (vLLM-CPU ignores it too), else the device's default."""
+    gpu_share = args.gpu_memory_utilization if device == "cuda" else None
+    return args.mem_fraction_static or gpu_share or DEFAULT_MEM_FRACTION[device]
+
+
 def _kv_budget(args: ServerArgs, cfg: ModelConfig, device: str, dtype_bytes: int, memory_bytes: int) -> float:
     """Bytes one rank has for its KV pool after its shard of the weights."""
-    fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
+    fraction = mem_fraction(args, device)
     ranks_sharing_memory = 1 if device == "cuda" else args.tp_size
     return fraction * memory_bytes / ranks_sharing_memory - weight_bytes(cfg, dtype_bytes) / args.tp_size
 
@@ -140,8 +150,9 @@ def plan_kv_pages(
         budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
     tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, kv_dtype_bytes or dtype_bytes))
     if tokens < args.page_size * 2:
-        fraction = args.mem_fraction_static or DEFAULT_MEM_FRACTION[device]
-        raise ValueError(f"--mem-fraction-static {fraction} leaves no room for a KV cache after the weights")
+        raise ValueError(
+            f"--mem-fraction-static {mem_fraction(args, device)} leaves no room for a KV cache after the weights"
+        )
     return tokens // args.page_size
 
 
@@ -298,13 +309,26 @@ def check_tokenizer_fits(tokenizer_path: Path, cfg: ModelConfig) -> None:
         )
 
 
+def check_weight_format(args: ServerArgs, path: Path) -> None:
+    """ModelPathError when --load-format or --quantization names another format than the
+    model path's: a GGUF file, or a Hugging Face directory's safetensors."""
+    found = "gguf" if path.is_file() else "safetensors"
+    if args.load_format not in ("auto", found):
+        raise ModelPathError(f"--load-format {args.load_format}: the model path {path} holds {found} weights")
+    if args.quantization == "gguf" and found != "gguf":
+        raise ModelPathError(f"--quantization gguf: the model path {path} is not a GGUF file")
+
+
 def make_plan(args: ServerArgs) -> Plan:
     path = resolve_model_path(args.model_path)
+    check_weight_format(args, path)
     cfg = load_model_config(path)
     tokenizer_path = resolve_tokenizer_path(args.tokenizer_path, path)
     if tokenizer_path != path:
         check_tokenizer_fits(tokenizer_path, cfg)
     device = resolve_device(args.device)
+    if args.gpu_memory_utilization is not None and device != "cuda":
+        logger.warning("--gpu-memory-utilization has no effect on CPU: the KV pool takes --mem-fraction-static of RAM")
     dtype = choose_dtype(args.dtype, device)
     kv_cache_dtype = choose_kv_cache_dtype(args.kv_cache_dtype, dtype)
     memory = memory_bytes(device)

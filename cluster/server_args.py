@@ -49,7 +49,10 @@ MEANINGLESS_FLAGS = {
     "--disable-custom-all-reduce": "TP ranks always all-reduce through torch.distributed (NCCL or gloo)",
     "--skip-server-warmup": "the server sends itself no warm-up request",
     "--enforce-eager": "decode runs without CUDA graphs on this build",
+    "--show-time-cost": "step times are in /metrics (radixcluster_step_duration_seconds)",
 }
+# --load-format: the weights' formats read here (vLLM and SGLang name more)
+LOAD_FORMATS = ("auto", "safetensors", "gguf")
 # SGLang's names for the KV cache's dtype; torch's dtype for each fp8 one
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 FP8_KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
@@ -58,6 +61,7 @@ MEANINGLESS_VALUE_FLAGS = {
     "--cuda-graph-max-bs": "decode runs without CUDA graphs on this build",
     "--swap-space": "a request that no longer fits is retracted and computed again, never swapped out",
     "--sampling-backend": "rank 0 samples with its own kernels",
+    "--dist-init-addr": "TP ranks rendezvous through Ray; several nodes join with --ray-address",
 }
 # The only value this server runs of a backend flag users bring from SGLang
 SOLE_BACKENDS = {"--grammar-backend": "xgrammar"}
@@ -68,6 +72,8 @@ SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "fl
 @dataclass(slots=True)
 class ServerArgs:
     model_path: str | None = None
+    load_format: str = "auto"
+    quantization: str | None = None
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 30000
@@ -78,6 +84,7 @@ class ServerArgs:
     max_running_requests: int = 64
     max_queued_requests: int = 2048
     mem_fraction_static: float | None = None
+    gpu_memory_utilization: float | None = None
     max_total_tokens: int | None = None
     context_length: int | None = None
     disable_radix_cache: bool = False
@@ -137,6 +144,16 @@ class ServerArgs:
             raise ValueError(f"--schedule-conservativeness must be > 0, got {self.schedule_conservativeness}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.gpu_memory_utilization is not None:
+            if not 0 < self.gpu_memory_utilization <= 1:
+                raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            if self.mem_fraction_static is not None:
+                raise ValueError("give one of --mem-fraction-static and vLLM's --gpu-memory-utilization, not both")
+        if self.quantization not in (None, "gguf"):
+            raise ValueError(
+                f"--quantization {self.quantization} is not supported: weights are served unquantized "
+                "(a GGUF file's tensors are dequantized to --dtype at load, so --quantization gguf is accepted)"
+            )
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ValueError("--max-total-tokens must hold at least one page")
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -212,6 +229,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="a local Hugging Face directory or GGUF file (default: the embedded SmolLM2-135M-Instruct)",
     )
     parser.add_argument(
+        "--load-format",
+        choices=LOAD_FORMATS,
+        default=d.load_format,
+        help="the weights' format: a Hugging Face directory's safetensors or a GGUF file (auto: the model path's)",
+    )
+    parser.add_argument(
+        "--quantization",
+        "-q",
+        default=d.quantization,
+        help="gguf only (a GGUF model's quantized tensors are dequantized to --dtype at load); nothing else is supported",
+    )
+    parser.add_argument(
         "--tokenizer-path",
         "--tokenizer",
         default=d.tokenizer_path,
@@ -254,6 +283,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.mem_fraction_static,
         help="fraction of memory (GPU, or RAM on CPU) for weights + KV pool (default 0.85 on GPU, 0.2 on CPU)",
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="vLLM's: on a GPU, --mem-fraction-static; ignored on CPU, as vLLM-CPU ignores it",
     )
     parser.add_argument(
         "--max-total-tokens", type=int, default=d.max_total_tokens, help="cap on the KV pool size in tokens"
@@ -418,6 +453,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=d.reasoning_parser,
         help="how the served model marks its thinking: chat answers carry it as reasoning_content",
     )
+    parser.add_argument("--nnodes", type=int, default=1, help="SGLang's: 1 only; several nodes join with --ray-address")
+    parser.add_argument(
+        "--node-rank", type=int, default=0, help="SGLang's: 0 only; several nodes join with --ray-address"
+    )
     for flag, why in DEFAULT_NAMING_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=f"accepted: {why}")
     for flag, why in MEANINGLESS_FLAGS.items():
@@ -432,6 +471,12 @@ def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     """Build ServerArgs, printing one notice per accepted-but-meaningless flag."""
     if ns.disable_radix_cache and (ns.enable_radix_cache or ns.enable_prefix_caching):
         raise ValueError("--disable-radix-cache contradicts --enable-radix-cache / --enable-prefix-caching")
+    if (ns.nnodes, ns.node_rank) != (1, 0):
+        raise ValueError(
+            f"--nnodes {ns.nnodes} --node-rank {ns.node_rank}: radixcluster spans nodes through Ray, not SGLang's "
+            "rendezvous: start Ray on every node (`ray start --head` on one, `ray start --address=HEAD:6379` on the "
+            "others) and run `radixcluster up --ray-address HEAD:6379 --dp-size N` once, on the head (a TP group stays on one node)"
+        )
     notices = dict(MEANINGLESS_FLAGS, **MEANINGLESS_VALUE_FLAGS)
     for flag, why in notices.items():
         value = getattr(ns, flag.lstrip("-").replace("-", "_"))

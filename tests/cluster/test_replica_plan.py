@@ -21,10 +21,12 @@ from radixcluster.replica_plan import (
     cgroup_memory_limit,
     check_rank_memory,
     check_tokenizer_fits,
+    check_weight_format,
     choose_context_length,
     choose_dtype,
     choose_kv_cache_dtype,
     machine_cpus,
+    mem_fraction,
     omp_env,
     packed_weight_bytes,
     plan_cpus,
@@ -133,6 +135,27 @@ def test_an_fp8_cache_holds_four_times_fp32s_tokens_in_the_same_memory(cfg):
     fp32 = plan_kv_pages(args, cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB)
     fp8 = plan_kv_pages(args, cfg, "cpu", DTYPE_BYTES["float32"], 8 * GIB, kv_dtype_bytes=DTYPE_BYTES["float8_e4m3fn"])
     assert fp8 // 4 == fp32  # the weights stay float32
+
+
+def test_vllms_gpu_memory_utilization_sizes_a_gpu_pool_only(cfg):
+    vllm = ServerArgs(gpu_memory_utilization=0.5)
+    assert (mem_fraction(vllm, "cuda"), mem_fraction(vllm, "cpu")) == (0.5, 0.2)  # vLLM-CPU ignores it too
+    assert plan_kv_pages(vllm, cfg, "cuda", 2, 16 * GIB) == plan_kv_pages(
+        ServerArgs(mem_fraction_static=0.5), cfg, "cuda", 2, 16 * GIB
+    )
+    assert plan_kv_pages(vllm, cfg, "cpu", 4, 16 * GIB) == plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
+
+
+def test_load_format_and_quantization_must_name_the_model_paths_format(model_path: Path, tmp_path: Path):
+    for args in (ServerArgs(), ServerArgs(load_format="gguf"), ServerArgs(quantization="gguf")):
+        check_weight_format(args, model_path)
+    check_weight_format(ServerArgs(load_format="safetensors"), tmp_path)
+    with pytest.raises(ModelPathError, match="--load-format safetensors: the model path .* holds gguf weights"):
+        check_weight_format(ServerArgs(load_format="safetensors"), model_path)
+    with pytest.raises(ModelPathError, match="--load-format gguf: the model path .* holds safetensors weights"):
+        check_weight_format(ServerArgs(load_format="gguf"), tmp_path)
+    with pytest.raises(ModelPathError, match="--quantization gguf: the model path .* is not a GGUF file"):
+        check_weight_format(ServerArgs(quantization="gguf"), tmp_path)
 
 
 def test_no_room_after_the_weights_says_so(cfg):

@@ -122,6 +122,35 @@ def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(cap
         parse("--grammar-backend", "outlines")  # argparse names the one that runs
 
 
+def test_vllms_memory_load_and_quantization_flags(capsys):
+    args = parse("--gpu-memory-utilization", "0.9", "--load-format", "gguf", "-q", "gguf", "--dp-size", "2")
+    assert (args.gpu_memory_utilization, args.load_format, args.quantization) == (0.9, "gguf", "gguf")
+    again = parse(*replica_argv(args, exclude=("dp_size",)))
+    assert (again.gpu_memory_utilization, again.load_format, again.quantization) == (0.9, "gguf", "gguf")
+    with pytest.raises(ValueError, match="--gpu-memory-utilization must be in"):
+        parse("--gpu-memory-utilization", "1.5")
+    with pytest.raises(ValueError, match="one of --mem-fraction-static and vLLM's --gpu-memory-utilization"):
+        parse("--gpu-memory-utilization", "0.9", "--mem-fraction-static", "0.3")
+    with pytest.raises(ValueError, match="--quantization awq is not supported: weights are served unquantized"):
+        parse("--quantization", "awq")
+    with pytest.raises(SystemExit):
+        parse("--load-format", "pt")
+    assert "invalid choice: 'pt'" in capsys.readouterr().err
+
+
+def test_sglangs_multi_node_flags_point_to_ray(caplog):
+    with caplog.at_level(logging.WARNING):
+        assert (
+            parse("--nnodes", "1", "--node-rank", "0", "--dist-init-addr", "10.0.0.1:5000", "--show-time-cost")
+            == parse()
+        )
+    assert "--dist-init-addr is accepted but has no effect" in caplog.text
+    assert "--show-time-cost is accepted but has no effect" in caplog.text
+    for argv in (("--nnodes", "2"), ("--nnodes", "2", "--node-rank", "1")):
+        with pytest.raises(ValueError, match="radixcluster spans nodes through Ray.*--ray-address"):
+            parse(*argv)
+
+
 @pytest.mark.parametrize("sglang, ours", [("torch_native", "torch"), ("intel_amx", "native"), ("flashinfer", "auto")])
 def test_sglangs_attention_backend_names_run_ours(caplog, sglang, ours):
     with caplog.at_level(logging.WARNING):

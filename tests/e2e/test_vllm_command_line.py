@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from radixcluster.model_config import load_model_config
+from radixcluster.replica_plan import DEFAULT_MEM_FRACTION, memory_bytes
 from radixcluster.router.text.tokenizer import load_tokenizer
 from support.api_helpers import get, post
 from support.servers import ServerHandle, launch_server, wait_replicas
@@ -39,7 +41,7 @@ def servers(tmp_path_factory, hf_tokenizer) -> Iterator[tuple[ServerHandle, Serv
     flags = (
         "--max-model-len 1024 --max-num-seqs 4 --block-size 16 --seed 7 --enforce-eager --swap-space 4 "
         "--enable-chunked-prefill --enable-auto-tool-choice --tool-call-parser hermes --disable-log-requests "
-        "--kv-events-address tcp://127.0.0.1:0"
+        "--kv-events-address tcp://127.0.0.1:0 --gpu-memory-utilization 0.9 --load-format gguf --quantization gguf"
     )
     with launch_server(*flags.split(), "--chat-template", str(template), "--tokenizer", str(tokenizer)) as replica:
         gateway_flags = (f"--replica={replica.url}", "--chat-template", str(template), "--tokenizer", str(tokenizer))
@@ -48,13 +50,16 @@ def servers(tmp_path_factory, hf_tokenizer) -> Iterator[tuple[ServerHandle, Serv
             yield replica, gateway
 
 
-def test_vllms_names_of_our_flags_act(servers) -> None:
+def test_vllms_names_of_our_flags_act(servers, model_path) -> None:
     replica, _ = servers
     info = get(replica, "/get_server_info").json()
     assert (info["context_length"], info["max_running_requests"], info["page_size"]) == (1024, 4, 16)
     assert get(replica, "/v1/models").json()["data"][0]["max_model_len"] == 1024
     too_long = {"model": "m", "prompt": "word " * 1100, "max_tokens": 1}
     assert post(replica, "/v1/completions", too_long).status_code == 400
+    # vLLM's 0.9 of a GPU is not taken as 0.9 of this host's RAM: the pool keeps the CPU's default share
+    kv_bytes = load_model_config(model_path).kv_bytes_per_token(1, 4) * info["max_total_num_tokens"]
+    assert kv_bytes < DEFAULT_MEM_FRACTION["cpu"] * memory_bytes("cpu")
 
 
 def test_the_tokenizer_given_is_the_one_that_serves(servers, model_path) -> None:
