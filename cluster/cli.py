@@ -11,6 +11,7 @@ from radixcluster import __version__
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
 from radixcluster.ray_cluster import RayPlacementError
+from radixcluster.replica_actor import ReplicaStartError
 from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
 
 
@@ -63,6 +64,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate(ns.prompt, ns.model_path, ns.max_new_tokens, ns.temperature, chat=not ns.raw))
         return 0
-    except (ModelPathError, RayPlacementError, ValueError) as exc:
+    except (ModelPathError, RayPlacementError, ReplicaStartError, ValueError) as exc:
         print(f"radixcluster: error: {exc}", file=sys.stderr)
         return 2

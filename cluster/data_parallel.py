@@ -126,7 +126,7 @@ class DataParallelLauncher:
 
         from radixcluster.gateway.config import GatewayConfig
         from radixcluster.gateway.server import run_gateway
-        from radixcluster.replica_actor import ReplicaProcess
+        from radixcluster.replica_actor import ReplicaProcess, ReplicaStartError
 
         ray_cluster.check_stop(self.stopping)
         use_gpu = args.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
@@ -142,7 +142,12 @@ class DataParallelLauncher:
             )
             for ip in ips
         ]
-        urls = ray_cluster.get_or_stop([actor.start.remote() for actor in self.actors], self.stopping)
+        try:
+            urls = ray_cluster.get_or_stop([actor.start.remote() for actor in self.actors], self.stopping)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, ReplicaStartError):
+                raise exc.cause from None  # its message says why; Ray's traceback of the actor adds nothing
+            raise
         model_path = resolve_model_path(args.model_path)
         self.gateway = _start_process(
             run_gateway,

@@ -10,8 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -19,6 +22,12 @@ from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
 
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
+STDERR_TAIL_LINES = 20
+
+
+class ReplicaStartError(RuntimeError):
+    """A replica exited, or never became healthy, while starting; the message ends with the
+    last line it wrote to stderr (its refusal of a flag, or its exception)."""
 
 
 def _free_port(host: str) -> int:
@@ -30,6 +39,16 @@ def _free_port(host: str) -> int:
 def _command() -> list[str]:
     script = Path(sys.executable).parent / "radixcluster"
     return [str(script)] if script.exists() else [sys.executable, "-m", "radixcluster"]
+
+
+def _relay(stream: IO[bytes], tail: deque[str]) -> None:
+    """Copy the replica's stderr to the actor's (Ray's log of it, as before), keeping its last
+    lines for the error of a replica that fails to start."""
+    for raw in stream:
+        line = raw.decode(errors="replace")
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        tail.append(line)
 
 
 class ReplicaProcess:
@@ -73,17 +92,26 @@ class ReplicaProcess:
         for name, key in ((API_KEY_ENV, self.api_key), (ADMIN_API_KEY_ENV, self.admin_api_key)):
             if key:
                 env[name] = key
-        self.process = subprocess.Popen(self.argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            self.argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        relay = threading.Thread(target=_relay, args=(self.process.stderr, tail), daemon=True)
+        relay.start()
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"replica {self.url} exited with {self.process.returncode} while starting")
+                relay.join()
+                last = next((line for line in reversed(tail) if line.strip()), "(nothing on stderr)")
+                raise ReplicaStartError(
+                    f"replica {self.url} exited with {self.process.returncode} while starting: {last.strip()}"
+                )
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", headers=self.headers, timeout=2).status_code == 200:
                     return self.url
             time.sleep(0.5)
         self.stop(STOP_GRACE_S)
-        raise RuntimeError(f"replica {self.url} was not healthy within {STARTUP_TIMEOUT_S} s")
+        raise ReplicaStartError(f"replica {self.url} was not healthy within {STARTUP_TIMEOUT_S} s")
 
     def wait(self) -> int:
         """Block until the replica exits; its exit code."""

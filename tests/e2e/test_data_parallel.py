@@ -24,7 +24,7 @@ from radixcluster.bench.report import format_table
 from radixcluster.process_tree import descendants
 from support.api_helpers import get, metric_value, post
 from support.cache_page import page_nodes
-from support.servers import ServerHandle, launch_server, radixcluster_command, wait_replicas
+from support.servers import ServerHandle, free_port, launch_server, radixcluster_command, wait_replicas
 
 pytestmark = pytest.mark.slow
 
@@ -91,6 +91,18 @@ def bench(server: ServerHandle, label: str, out: Path) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())
+
+
+def test_a_replica_that_refuses_its_flags_ends_the_command_with_its_reason() -> None:
+    """The replicas read the model path: what they refuse is said by the command, not by a Ray
+    traceback that hides it in the actor's log."""
+    cmd = [*radixcluster_command(), "up", "--dp-size", "2", "--port", str(free_port()), "--load-format", "safetensors"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("radixcluster: error: replica http://127.0.0.1:")
+    assert "exited with 2 while starting: radixcluster: error: --load-format safetensors: the model path" in last
 
 
 def test_tenants_stay_on_one_replica_and_their_cached_tokens_are_predicted(cluster, tmp_path) -> None:
