@@ -8,6 +8,7 @@ message travels as an ext type of its own. No pickle, ever.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,8 @@ import numpy as np
 
 # 2: block names (TreeEvent.blocks, GET /cache_blocks) from block_hash's tabled terms
 # 3: SamplingBatch.prompt_penalty_ids/lens (the repetition penalty counts the prompt too)
-PROTOCOL_VERSION = 3
+# 4: Profile (the router starts and stops torch's profiler on every rank)
+PROTOCOL_VERSION = 4
 # what the numbers of a request may hold: the router packs them into int32 arrays (token ids,
 # counts, top_k), int64 (seed) and float32 (temperature and the other sampling floats)
 INT32_MAX = 2**31 - 1
@@ -321,6 +323,26 @@ class RankFailed:
     rank: int
     step_id: int
     error: str
+
+
+@message
+@dataclass(slots=True)
+class Profile:
+    """Router -> every rank, between steps: ``start`` torch's profiler over the model steps
+    (``activities``: "CPU", "GPU", "MEM"), or stop it and write each rank's Chrome trace to
+    ``output_dir/{prefix}{profile_id}-TP-{rank}.trace.json.gz``."""
+
+    start: bool
+    output_dir: str = ""
+    profile_id: str = ""
+    prefix: str = ""
+    activities: list[str] = field(default_factory=list)
+    with_stack: bool = False
+    record_shapes: bool = False
+
+    def trace_file(self, rank: int) -> str:
+        """Where rank ``rank`` writes the trace of the profile this message started."""
+        return os.path.join(self.output_dir, f"{self.prefix}{self.profile_id}-TP-{rank}.trace.json.gz")
 
 
 @message

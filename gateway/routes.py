@@ -59,6 +59,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
 
     @router.get("/health")
     @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
+    @router.get("/ready")  # SGLang's readiness probe
     async def health() -> Response:
         if not any(r.available for r in ctx.replicas.list()):
             return error_response(503, "unhealthy: no replica is available")

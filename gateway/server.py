@@ -20,6 +20,7 @@ from radixcluster.gateway.context import GatewayContext
 from radixcluster.gateway.fast_path import FastPath
 from radixcluster.gateway.forwarding import Forwarder
 from radixcluster.gateway.metrics import GatewayMetrics
+from radixcluster.gateway.profile_routes import gateway_profile_routes
 from radixcluster.gateway.prompts import PromptReader
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routes import gateway_routes
@@ -62,6 +63,7 @@ def create_app(config: GatewayConfig) -> ASGIApp:
     install_error_handlers(app)
     app.include_router(gateway_routes(ctx))
     app.include_router(gateway_cache_routes(ctx))
+    app.include_router(gateway_profile_routes(ctx))
     served = FastPath(ctx, app)
     if config.api_key or config.tenant_keys:
         # outermost: the fast path and FastAPI's routes see the same tenant (current_tenant)

@@ -46,6 +46,7 @@ from radixcluster.router.grammar import GrammarCache, requested_grammar
 from radixcluster.router.grammar_waits import GrammarWaits
 from radixcluster.router.group_health import GroupHealth
 from radixcluster.router.output_streams import OutputStreams
+from radixcluster.router.profiling import ProfileControl, ProfileRefused
 from radixcluster.router.request import Request
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
 from radixcluster.router.request_log import RequestLog
@@ -139,6 +140,7 @@ class Router:
         self.request_log = RequestLog(config.log_requests)
         self.decode_log = DecodeLog(config.decode_log_interval)
         self.group = GroupHealth(config.max_worker_restarts)
+        self.profiles = ProfileControl(config.tp_size)
         self.aborted_total = 0
         self._batch: ScheduledBatch | None = None  # the step in progress
 
@@ -254,6 +256,7 @@ class Router:
             return []
         result = execute(batch.forward)
         self.group.stepped()
+        self.profiles.stepped()
         advanced = self.scheduler.process_result(batch, result)
         outputs = self.streams.collect(advanced, self.scheduler)
         seconds = time.perf_counter() - start
@@ -271,6 +274,7 @@ class Router:
         if not self.group.lose(generation, reason):
             return None
         logger.error("the TP group (generation %d) is lost: %s; its requests wait for a new group", generation, reason)
+        self.profiles.group_lost()
         requeued = self.scheduler.requeue_all()
         self.group.requeued_total += len(requeued)
         doomed = []
@@ -346,9 +350,22 @@ class Router:
             if self.tree_events is None:
                 return ControlResponse(msg.cid, error="tree events are off: start the server with --kv-events-address")
             return ControlResponse(msg.cid, self.tree_events.snapshot(self.scheduler.tree.root))
+        if msg.kind in ("start_profile", "stop_profile"):
+            return self._profile(msg)
         if msg.kind in ("cache_tree", "cache_pin", "cache_unpin", "cache_evict"):
             return CacheControl(self.scheduler.cache, self.intake, self.config.cache_page_text).answer(msg)
         return ControlResponse(msg.cid, error=f"unknown control request {msg.kind!r}")
+
+    def _profile(self, msg: ControlRequest) -> ControlResponse:
+        """Start (while the group serves) or stop the ranks' profiler; the router process sends
+        them what ``profiles`` owes before the next step."""
+        if msg.kind == "start_profile" and not self.group.up:
+            return ControlResponse(msg.cid, error=self._group_down_message())
+        try:
+            payload = self.profiles.start(msg.args) if msg.kind == "start_profile" else self.profiles.stop()
+        except ProfileRefused as exc:
+            return ControlResponse(msg.cid, error=str(exc))
+        return ControlResponse(msg.cid, payload)
 
     def _stats(self) -> dict[str, Any]:
         """The scheduler's counters and gauges, the router's own, and the last tree event, for /metrics."""
@@ -466,6 +483,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
                         break
                     answers = router.submit_frame(frame)
                     sockets.publish(router.tree_events)  # a flush's evictions precede its answer
+                    sockets.tell_ranks(router.profiles.take())
                     sockets.send(answers)
             if not router.group.up:
                 continue  # requests queue until the launcher says GroupUp
@@ -479,6 +497,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
                 _lose_group(router, sockets, control, router.group.generation, str(exc))
                 continue
             sockets.publish(router.tree_events)  # a prefix is announced before its request's output
+            sockets.tell_ranks(router.profiles.take())
             sockets.send(outputs)
         sockets.send(router.abort_all(SHUTDOWN_MESSAGE, 503), block=False)
     finally:

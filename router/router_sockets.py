@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from radixcluster.protocol import ForwardBatch, RankFailed, RequestOutput, Shutdown, StepResult, decode, encode
+from radixcluster.protocol import ForwardBatch, Profile, RankFailed, RequestOutput, Shutdown, StepResult, decode, encode
 from radixcluster.router.tree_events import TreeEventLog
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,15 @@ class RouterSockets:
             if self.interrupt_fd in events:
                 raise LauncherSpoke
         raise GroupLost(f"rank 0 took no step within --step-timeout {self.step_timeout_s:g} s")
+
+    def tell_ranks(self, messages: list[Profile]) -> None:
+        """Queue messages for the ranks between steps. With no rank 0 connected (the group is
+        being lost) they are dropped: the group's loss ends what they were about."""
+        for msg in messages:
+            try:
+                self.batches.send(encode(msg), zmq.NOBLOCK)
+            except zmq.Again:
+                logger.warning("rank 0 is not connected; %s not delivered", type(msg).__name__)
 
     def drop_results(self) -> None:
         """Discard what a replaced group sent (before the new one gets its first step)."""

@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from radixcluster.protocol import RankFailed, Shutdown, decode, encode
+from radixcluster.protocol import Profile, RankFailed, Shutdown, decode, encode
 from radixcluster.worker.fault_injection import Faults
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
 from radixcluster.worker.parallel import init_tensor_parallel
+from radixcluster.worker.step_profiler import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class TPWorker:
         self.runner: ModelRunner | None = None
         self._rendezvous: socket.socket | None = None
         self.faults = Faults.for_rank(config.runner.tp_rank, config.generation)
+        self.profiler = StepProfiler(config.runner.tp_rank)
 
     def pid(self) -> int:
         """This rank's process (the launcher kills it directly: a stopped process answers no actor call)."""
@@ -104,16 +106,20 @@ class TPWorker:
         push.connect(self.config.result_address)
         if rank == 0:
             pull.connect(self.config.batch_address)
+        served = itertools.count()
         try:
-            for served in itertools.count():
+            while True:
                 frame = pull.recv() if rank == 0 else b""
                 if size > 1:
                     frame = _broadcast_frame(frame, rank)
                 msg = decode(frame)
                 if isinstance(msg, Shutdown):
                     return
+                if isinstance(msg, Profile):
+                    self.profiler.apply(msg)
+                    continue
                 try:
-                    self.faults.at_step(served)
+                    self.faults.at_step(next(served))
                     result = runner.step(msg)
                 except Exception as exc:
                     logger.error("rank %d: step %d failed:\n%s", rank, msg.step_id, traceback.format_exc())

@@ -15,7 +15,7 @@ from radixcluster.router.api.errors import ApiError, error_response
 
 # Load balancers probe /health without credentials; the cache page's files hold no data (the
 # page asks for the key, and sends it with the calls that fetch the data).
-PUBLIC_PATHS = frozenset({"/health", "/ping", "/cache", "/cache/page.js", "/cache/page.css"})
+PUBLIC_PATHS = frozenset({"/health", "/ping", "/ready", "/cache", "/cache/page.js", "/cache/page.css"})
 
 
 # The tenant of the request being served, set by BearerAuth for the task that serves it (and the
@@ -89,6 +89,9 @@ def admin_check(admin_key: str | None) -> Callable[[Request], None]:
             return
         given = request.headers.get("authorization", "").encode()
         if not hmac.compare_digest(given, _bearer(admin_key)):
-            raise ApiError(401, "this cache-control call needs the admin key: send 'Authorization: Bearer <admin key>'")
+            raise ApiError(
+                401,
+                "this call (cache control or profiling) needs the admin key: send 'Authorization: Bearer <admin key>'",
+            )
 
     return check

@@ -1,7 +1,10 @@
-"""Pydantic models of SGLang's tokenizer and abort endpoints (/tokenize, /detokenize, /abort_request)."""
+"""Pydantic models of SGLang's tokenizer, abort and profiler endpoints (/tokenize, /detokenize,
+/abort_request, /start_profile)."""
 
 from __future__ import annotations
 
+import re
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -95,3 +98,66 @@ class AbortIn(BaseModel):
         if not self.rid and not self.abort_all:
             raise ValueError("give the rid of the request to abort, or abort_all: true")
         return self
+
+
+PROFILE_ACTIVITIES = ("CPU", "GPU", "MEM")
+# a profile's id and prefix name its trace files: no path of their own
+_FILE_NAME_PART = re.compile(r"[\w.-]*")
+
+
+class ProfileIn(BaseModel):
+    """``/start_profile``: SGLang's body (what its bench_serving --profile sends), every field
+    optional. What asks for more than one trace per rank over the steps between start and stop
+    is refused by name."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    output_dir: str | None = None
+    num_steps: int | None = Field(None, ge=1)
+    activities: list[str] | None = None
+    with_stack: bool | None = None
+    record_shapes: bool | None = None
+    profile_id: str | None = None
+    profile_prefix: str | None = None
+    start_step: int | None = None
+    profile_by_stage: bool | None = None
+    profile_stages: list[str] | None = None
+    merge_profiles: bool | None = None
+
+    @field_validator("activities")
+    @classmethod
+    def _known_activities(cls, value: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(value or ()) - set(PROFILE_ACTIVITIES))
+        if unknown:
+            raise ValueError(f"activities {unknown} are not recorded here; choose from {list(PROFILE_ACTIVITIES)}")
+        return value
+
+    @field_validator("profile_id", "profile_prefix")
+    @classmethod
+    def _file_name_part(cls, value: str | None) -> str | None:
+        if value is not None and (not _FILE_NAME_PART.fullmatch(value) or value in (".", "..")):
+            raise ValueError("may hold only letters, digits, '.', '_' and '-' (it names the trace files)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_trace_per_rank(self) -> ProfileIn:
+        if self.start_step is not None:
+            raise ValueError("start_step is not supported: the profile starts with the next step")
+        if self.profile_by_stage or self.profile_stages:
+            raise ValueError("profiling by stage is not supported: one trace covers prefill and decode steps alike")
+        if self.merge_profiles:
+            raise ValueError("merge_profiles is not supported: each TP rank writes its own trace")
+        return self
+
+    def router_args(self, output_dir: str) -> dict[str, Any]:
+        """What the router's Profile carries; SGLang's defaults: CPU and GPU activities, stacks
+        and shapes recorded, the time as the id."""
+        return {
+            "output_dir": output_dir,
+            "profile_id": self.profile_id or str(time.time()),
+            "prefix": f"{self.profile_prefix}-" if self.profile_prefix else "",
+            "activities": self.activities or ["CPU", "GPU"],
+            "with_stack": self.with_stack is not False,
+            "record_shapes": self.record_shapes is not False,
+            "num_steps": self.num_steps,
+        }

@@ -170,17 +170,19 @@ def lone_surrogate(value: object) -> str | None:
     return None
 
 
-async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body, a JSON object, refused with 413 once it passes ``max_bytes``."""
-    return parse_json(await read_body(request, max_bytes))
+async def read_json(request: Request, max_bytes: int, empty_ok: bool = False) -> dict[str, Any]:
+    """The request body, a JSON object, refused with 413 once it passes ``max_bytes``;
+    ``empty_ok``: no body is ``{}`` (a call whose fields are all optional)."""
+    body = await read_body(request, max_bytes, empty_ok)
+    return parse_json(body) if body else {}
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body (not empty), refused with 413 once it passes ``max_bytes``."""
-    return await receive_body(request.receive, request.headers, max_bytes)
+async def read_body(request: Request, max_bytes: int, empty_ok: bool = False) -> bytes:
+    """The request body (not empty, unless ``empty_ok``), refused with 413 once it passes ``max_bytes``."""
+    return await receive_body(request.receive, request.headers, max_bytes, empty_ok)
 
 
-async def receive_body(receive: Receive, headers: Headers, max_bytes: int) -> bytes:
+async def receive_body(receive: Receive, headers: Headers, max_bytes: int, empty_ok: bool = False) -> bytes:
     """The body of the request whose ``headers`` came with ``receive`` (raw ASGI), as
     ``read_body``; ClientDisconnect when the client leaves before sending all of it."""
     declared = headers.get("content-length")
@@ -199,7 +201,7 @@ async def receive_body(receive: Receive, headers: Headers, max_bytes: int) -> by
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    if size == 0:
+    if size == 0 and not empty_ok:
         raise ApiError(400, "the request body is empty; send a JSON object")
     return b"".join(chunks)
 

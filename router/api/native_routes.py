@@ -65,6 +65,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/health")
     @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
+    @router.get("/ready")  # SGLang's readiness probe
     async def health() -> Response:
         # 503 with the reason while the router is unreachable or has no TP group (one is replaced)
         try:

@@ -19,7 +19,7 @@ from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.control_routes import tokenizer_call
+from radixcluster.router.api.control_routes import refusable_call
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import prompt_tokens
 from radixcluster.router.api.generation import (
@@ -183,7 +183,7 @@ async def _echo_texts(ctx: ApiContext, body: CompletionIn) -> list[str] | None:
     if all(isinstance(p, str) for p in prompts):
         return [str(p) for p in prompts]
     skip = body.skip_special_tokens is not False
-    return (await tokenizer_call(ctx, "detokenize", {"tokens": prompts, "skip_special_tokens": skip}))["texts"]
+    return (await refusable_call(ctx, "detokenize", {"tokens": prompts, "skip_special_tokens": skip}))["texts"]
 
 
 async def _completion_chunks(

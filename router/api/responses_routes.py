@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.control_routes import tokenizer_call
+from radixcluster.router.api.control_routes import refusable_call
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.openai_routes import answer_reader, chat_logprobs, start_generations
@@ -26,7 +26,7 @@ async def read_answer(ctx: ApiContext, view: ResponseView, gen: Generation) -> A
     written = reasoning.written(gen.text) if reasoning is not None else ""
     counted = 0
     if written:
-        tokens = await tokenizer_call(ctx, "tokenize", {"prompts": [written], "add_special_tokens": False})
+        tokens = await refusable_call(ctx, "tokenize", {"prompts": [written], "add_special_tokens": False})
         counted = min(len(tokens["tokens"][0]), gen.completion_tokens)
     message = view.reader.message(gen.text)
     logprobs = message_logprobs(gen, message["content"], len(written)) if view.body.wants_logprobs else []

@@ -23,6 +23,7 @@ def secured():
 
 def test_health_needs_no_key(secured):
     assert requests.get(secured.url + "/health", timeout=TIMEOUT_S).status_code == 200
+    assert requests.get(secured.url + "/ready", timeout=TIMEOUT_S).status_code == 200  # SGLang's readiness probe
     for method in ("GET", "POST"):  # vLLM's /ping, the probe SageMaker sends
         assert requests.request(method, secured.url + "/ping", timeout=TIMEOUT_S).status_code == 200
 
@@ -38,6 +39,8 @@ def test_health_needs_no_key(secured):
         ("GET", "/cache_info"),
         ("GET", "/v1/models"),
         ("POST", "/flush_cache"),
+        ("POST", "/start_profile"),
+        ("POST", "/stop_profile"),
     ],
 )
 def test_requests_without_the_key_are_refused(secured, headers, method, path):

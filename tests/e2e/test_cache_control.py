@@ -130,6 +130,7 @@ def test_evict_by_prefix_frees_exactly_the_runs_that_start_with_it(server):
 def test_the_admin_key_guards_control_and_the_pin_bound_is_a_400(server):
     body = {"text": PINNED, "ttl_s": 60}
     assert_error(post(server, "/cache/pin", body), 401, "admin key")
+    assert_error(post(server, "/start_profile", {}), 401, "admin key")  # the profiler writes files on the server
     assert_error(requests.post(server.url + "/cache/evict", json=body, timeout=TIMEOUT_S), 401, "API key")
     warm = admin(server, "POST", "/cache/warm", {"text": PINNED})
     assert warm.status_code == 200 and warm.json()["prefilled_tokens"] == warm.json()["prompt_tokens"]

@@ -17,6 +17,7 @@ import torch
 from radixcluster.process_tree import descendants, is_running
 from support.api_helpers import generate, get, post, sse_events
 from support.listening import listeners
+from support.profiles import trace_ops, wait_for_traces
 from support.reference_prompts import SERVER_NEW_TOKENS, SERVER_PROMPTS
 from support.servers import ServerHandle, free_port, launch_server, radixcluster_command
 from support.streams import finished_normally, started_streams, wait_gone
@@ -116,6 +117,15 @@ def test_shared_prefix_is_reused_page_aligned_and_flushed(tp3):
     assert after["cached_tokens_total"] == before["cached_tokens_total"] + second["meta_info"]["cached_tokens"]
     assert post(tp3, "/flush_cache", {}).status_code == 200
     assert generate(tp3, prefix + " Second one?", max_new_tokens=4)["meta_info"]["cached_tokens"] == 0
+
+
+def test_every_rank_of_tp3_writes_its_profile(tp3, tmp_path):
+    assert post(tp3, "/start_profile", {"output_dir": str(tmp_path), "profile_id": "tp3"}).status_code == 200
+    generate(tp3, "Profiled on three ranks.", max_new_tokens=3)
+    assert post(tp3, "/stop_profile", {}).status_code == 200
+    traces = wait_for_traces(tmp_path, "tp3-TP-*.trace.json.gz", 3)
+    assert [t.name for t in traces] == [f"tp3-TP-{rank}.trace.json.gz" for rank in range(3)]
+    assert all(any(op.startswith("aten::") for op in trace_ops(t)) for t in traces)
 
 
 def test_tp3_listens_on_loopback_only_and_drains_on_sigterm_to_its_process_group(tp3):

@@ -24,6 +24,7 @@ from radixcluster.bench.report import format_table
 from radixcluster.process_tree import descendants
 from support.api_helpers import get, metric_value, post
 from support.cache_page import page_nodes
+from support.profiles import wait_for_traces
 from support.servers import ServerHandle, free_port, launch_server, radixcluster_command, wait_replicas
 
 pytestmark = pytest.mark.slow
@@ -164,6 +165,23 @@ def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
     assert last["finish_reason"]["type"] == "abort" and last["completion_tokens"] < 400
     refused = post(cluster, "/abort_request", {})
     assert refused.status_code == 400 and "rid" in refused.text
+
+
+def test_the_gateway_profiles_every_replica_under_one_id_apart(cluster, tmp_path) -> None:
+    """The admin's key goes on to the replicas, each of which writes its traces named by its
+    index in GET /replicas (SGLang's DP-{rank})."""
+    admin_key = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    body = {"output_dir": str(tmp_path), "profile_id": "dp"}
+    assert "admin key" in post(cluster, "/start_profile", body).text  # the API key is not enough
+    started = requests.post(cluster.url + "/start_profile", json=body, headers=admin_key, timeout=120)
+    assert (started.status_code, started.text) == (200, "Start profiling.\n")
+    for i in range(2):
+        post(cluster, "/generate", {"text": f"Profiled on replica {i}?", "sampling_params": {"max_new_tokens": 2}})
+    assert requests.post(cluster.url + "/stop_profile", headers=admin_key, timeout=120).status_code == 200
+    traces = wait_for_traces(tmp_path, "DP-*-dp-TP-0.trace.json.gz", 2)
+    assert [t.name for t in traces] == ["DP-0-dp-TP-0.trace.json.gz", "DP-1-dp-TP-0.trace.json.gz"]
+    stopped_twice = requests.post(cluster.url + "/stop_profile", headers=admin_key, timeout=120)
+    assert stopped_twice.status_code == 400 and "no profile is running" in stopped_twice.text
 
 
 def replica_group(server: ServerHandle, url: str) -> int:

@@ -139,6 +139,7 @@ def test_a_passed_deadline_is_the_replicas_504_and_leaves_the_replica_available(
             assert resp.status_code == 504 and "deadline_s" in resp.json()["error"]["message"], resp.text
     assert get(gateway, "/health").status_code == 200
     assert requests.post(gateway.url + "/ping", timeout=30).status_code == 200  # vLLM's name, keyless
+    assert requests.get(gateway.url + "/ready", timeout=30).status_code == 200  # SGLang's
     assert post(gateway, "/generate", {"text": "hi", "sampling_params": SHORT}).status_code == 200
 
 

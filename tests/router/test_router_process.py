@@ -621,3 +621,20 @@ def test_a_stop_regex_that_backtracks_for_ever_ends_its_request_alone(router, ru
     assert last.status == 400 and "simplify it" in last.error
     assert outputs[plain.rid][-1].completion_tokens == 6
     assert_serves(router, runner)
+
+
+def test_a_profile_is_owed_to_the_ranks_counts_the_router_steps_and_ends_with_the_group(router, runner):
+    profile = {"output_dir": "/traces", "profile_id": "r", "prefix": "", "activities": ["CPU"], "num_steps": 3}
+    profile |= {"with_stack": False, "record_shapes": False}
+    (started,) = router.submit(ControlRequest(cid="p", kind="start_profile", args=profile))
+    assert started.payload == {"trace_files": ["/traces/r-TP-0.trace.json.gz"]}
+    assert [m.start for m in router.profiles.take()] == [True]
+    run(router, runner, request("Count to ten:", sampling={"max_new_tokens": 5, "temperature": 0.0}))
+    assert [m.start for m in router.profiles.take()] == [False]  # after the third of its steps
+    (again,) = router.submit(ControlRequest(cid="p", kind="start_profile", args={**profile, "num_steps": None}))
+    assert again.error is None
+    router.lose_group(0, "rank 0 died")
+    (refused,) = router.submit(ControlRequest(cid="p", kind="start_profile", args=profile))
+    assert "restarting (rank 0 died)" in refused.error
+    (stopped,) = router.submit(ControlRequest(cid="s", kind="stop_profile"))
+    assert stopped.error == "no profile is running: POST /start_profile first"

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from radixcluster.protocol import PromptPin
+from radixcluster.router.api.control_schemas import ProfileIn
 from radixcluster.router.api.errors import ApiError, describe_validation_error, parse_json
 from radixcluster.router.api.native_schemas import (
     MAX_GENERATIONS,
@@ -445,3 +446,12 @@ def test_an_openai_limit_left_out_is_marked_as_the_default(model, body: dict, li
     request = model.model_validate(body)
     sampling = request.sampling().to_protocol(request.default_max_tokens)
     assert (sampling.max_new_tokens, sampling.max_new_tokens_is_default) == (limit, is_default)
+
+
+def test_a_profile_body_takes_sglangs_defaults_and_bench_servings_strings():
+    args = ProfileIn.model_validate({"num_steps": "5", "profile_by_stage": False, "activities": []}).router_args("/d")
+    assert args["num_steps"] == 5 and args["activities"] == ["CPU", "GPU"]
+    assert (args["with_stack"], args["record_shapes"], args["prefix"]) == (True, True, "")
+    assert float(args["profile_id"]) > 0  # the time, as SGLang names a profile
+    named = ProfileIn(profile_id="run", profile_prefix="exp", with_stack=False).router_args("/d")
+    assert (named["profile_id"], named["prefix"], named["with_stack"]) == ("run", "exp-", False)
