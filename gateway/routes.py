@@ -1,7 +1,7 @@
 """The gateway's HTTP routes: a replica's API (generation forwarded to the replica the routing
-picks; model information and tokenizing answered by any one; health, aborts, flushes and
-metrics over all of them) and the replica list (``/replicas``). The cache's routes are in
-cache_routes."""
+picks; model information, tokenizing and SGLang's text parsers answered by any one; health,
+aborts, flushes and metrics over all of them) and the replica list (``/replicas``). The cache's
+routes are in cache_routes."""
 
 from __future__ import annotations
 
@@ -116,7 +116,9 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     @router.post("/v1/tokenize")
     @router.post("/detokenize")
     @router.post("/v1/detokenize")
-    async def tokenizer(request: Request) -> Response:
+    @router.post("/parse_function_call")
+    @router.post("/separate_reasoning")
+    async def text_call(request: Request) -> Response:
         raw = await read_body(request, ctx.config.max_body_bytes)
         return await _ask_one(ctx, "POST", request.url.path, raw)
 

@@ -1,5 +1,5 @@
-"""Pydantic models of SGLang's tokenizer, abort and profiler endpoints (/tokenize, /detokenize,
-/abort_request, /start_profile)."""
+"""Pydantic models of SGLang's tokenizer, abort, profiler and parser endpoints (/tokenize,
+/detokenize, /abort_request, /start_profile, /parse_function_call, /separate_reasoning)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixcluster.router.api.native_schemas import TokenId, fits_context
+from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
+from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
 
 
 class TokenizeIn(BaseModel):
@@ -161,3 +163,41 @@ class ProfileIn(BaseModel):
             "record_shapes": self.record_shapes is not False,
             "num_steps": self.num_steps,
         }
+
+
+def _known(value: str | None, known: dict[str, Any], what: str) -> str | None:
+    if value is not None and value not in known:
+        raise ValueError(f"unknown {what} {value!r}; known: {', '.join(sorted(known))}")
+    return value
+
+
+class ParseFunctionCallIn(BaseModel):
+    """``/parse_function_call``: the tool calls a model's ``text`` makes, read in the format
+    ``tool_call_parser`` names (default: the server's --tool-call-parser)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str
+    tools: list[ToolIn] = Field(default_factory=list, max_length=MAX_TOOLS)
+    tool_call_parser: str | None = None
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        return _known(value, TOOL_CALL_FORMATS, "tool_call_parser")
+
+
+class SeparateReasoningIn(BaseModel):
+    """``/separate_reasoning``: a model's ``text`` split into its thinking and its answer, as
+    ``reasoning_parser`` marks them (default: the server's --reasoning-parser)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str
+    reasoning_parser: str | None = None
+    return_blocks: bool = False
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        return _known(value, REASONING_FORMATS, "reasoning_parser")

@@ -26,6 +26,7 @@ from radixcluster.router.api.errors import error_response, install_error_handler
 from radixcluster.router.api.http_protocol import BoundedHeadProtocol
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
+from radixcluster.router.api.parser_routes import parser_routes
 from radixcluster.router.api.responses_routes import responses_routes
 from radixcluster.router.api.router_client import RouterClient
 
@@ -74,6 +75,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     install_error_handlers(app, ctx.metrics.count_rejection)
     app.include_router(native_routes(ctx))
     app.include_router(control_routes(ctx))
+    app.include_router(parser_routes(ctx))
     app.include_router(openai_routes(ctx))
     app.include_router(responses_routes(ctx))
     app.include_router(cluster_routes(ctx))

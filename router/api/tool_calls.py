@@ -134,10 +134,10 @@ class ChatToolCalls:
             return (None, calls) if calls is not None else (text, None)
         if self.format is None:
             return text, None
-        before, written = self.format.split(text)
-        read = self.format.read(written) if written is not None else None
-        if not read or any(name not in self.names for name, _ in read):
+        parsed = self.format.parse(text, self.names)
+        if parsed is None:
             return text, None
+        before, read = parsed
         calls = [_call(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in read]
         return before or None, calls
 

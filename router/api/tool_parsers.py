@@ -29,6 +29,15 @@ class ToolCallFormat:
         found = [i for i in (text.find(m) for m in self.markers) if i >= 0]
         return (text[: min(found)], text[min(found) :]) if found else (text, None)
 
+    def parse(self, text: str, names: frozenset[str]) -> tuple[str, Calls] | None:
+        """The text before the calls and the calls, when ``text`` makes calls, all of them to
+        tools in ``names``; None otherwise (then all of it is text)."""
+        before, written = self.split(text)
+        calls = self.read(written) if written is not None else None
+        if not calls or any(name not in names for name, _ in calls):
+            return None
+        return before, calls
+
     def releasable(self, text: str) -> int:
         """How much of a growing answer can be streamed as text: up to its calls, less an end
         that may yet become a marker."""

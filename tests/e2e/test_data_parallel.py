@@ -151,6 +151,8 @@ def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
     assert one["count"] == len(one["tokens"]) > 0
     assert post(cluster, "/v1/detokenize", {"tokens": one["tokens"]}).json()["text"] == "Hello, world"
     assert "vocabulary" in post(cluster, "/detokenize", {"tokens": [10**6]}).text
+    text = {"text": "<think>Hmm.</think>Yes.", "reasoning_parser": "qwen3"}
+    assert post(cluster, "/separate_reasoning", text).json() == {"reasoning_text": "Hmm.", "text": "Yes."}
     body = {"text": "Count slowly:", "rid": "abort-me", "stream": True}
     body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
     with requests.post(

@@ -148,6 +148,58 @@ def test_tokenize_and_detokenize(server):
     assert_error(post(server, "/tokenize", {}), 400, "prompt")
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_time"}},
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+]
+
+
+@pytest.mark.parametrize(
+    "parser, text, before",
+    [
+        (
+            "hermes",
+            'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            "Checking.",
+        ),
+        ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', ""),
+        ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', ""),
+        ("pythonic", '[get_weather(city="Paris")]', ""),
+    ],
+)
+def test_parse_function_call_reads_calls_as_the_chat_endpoint_does(server, parser, text, before):
+    body = {"text": text, "tools": TOOLS, "tool_call_parser": parser}
+    call = {"tool_index": 1, "name": "get_weather", "parameters": '{"city": "Paris"}'}  # SGLang's ToolCallItem
+    assert post(server, "/parse_function_call", body).json() == {"normal_text": before, "calls": [call]}
+
+
+def test_parse_function_call_leaves_text_without_calls_to_known_tools(server):
+    unknown = '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>'
+    for text in ("Just an answer.", unknown):
+        body = {"text": text, "tools": TOOLS, "tool_call_parser": "hermes"}
+        assert post(server, "/parse_function_call", body).json() == {"normal_text": text, "calls": []}
+    assert_error(post(server, "/parse_function_call", {"text": "x", "tool_call_parser": "nope"}), 400, "hermes")
+    # the server was started without --tool-call-parser: the request must name one
+    assert_error(post(server, "/parse_function_call", {"text": "x"}), 400, "--tool-call-parser")
+
+
+def test_separate_reasoning_splits_thinking_from_the_answer(server):
+    body = {"text": "<think>It is Paris.</think>\n\nParis.", "reasoning_parser": "qwen3"}
+    assert post(server, "/separate_reasoning", body).json() == {"reasoning_text": "It is Paris.", "text": "Paris."}
+    # DeepSeek-R1's template opens the thinking in the prompt: its answers start inside it
+    r1 = {"text": "It is Paris.</think>Paris.", "reasoning_parser": "deepseek-r1", "return_blocks": True}
+    assert post(server, "/separate_reasoning", r1).json() == {
+        "reasoning_text": "It is Paris.",
+        "text": "Paris.",
+        "reasoning_blocks": ["It is Paris."],
+        "text_blocks": ["Paris."],
+        "blocks": [{"type": "reasoning", "text": "It is Paris."}, {"type": "text", "text": "Paris."}],
+    }
+    plain = {"text": "Paris.", "reasoning_parser": "qwen3"}
+    assert post(server, "/separate_reasoning", plain).json() == {"reasoning_text": "", "text": "Paris."}
+    assert_error(post(server, "/separate_reasoning", {"text": "x"}), 400, "--reasoning-parser")
+
+
 def test_abort_request_ends_a_running_generation(server):
     body = {
         "text": PROMPT,

@@ -76,6 +76,14 @@ def test_what_is_not_a_call_reads_as_none(parser: str, written: str) -> None:
     assert TOOL_CALL_FORMATS[parser].read(written) is None
 
 
+def test_parse_takes_calls_only_when_every_one_names_a_known_tool() -> None:
+    hermes = TOOL_CALL_FORMATS["hermes"]
+    text = 'Sure.<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    assert hermes.parse(text, frozenset({"get_time", "get_weather"})) == ("Sure.", [("get_time", {})])
+    assert hermes.parse(text, frozenset({"get_weather"})) is None
+    assert hermes.parse("Sure.", frozenset({"get_time"})) is None
+
+
 def test_a_stream_sends_text_up_to_a_possible_marker_and_no_further() -> None:
     hermes = TOOL_CALL_FORMATS["qwen25"]
     assert hermes.releasable("Let me check") == len("Let me check")
