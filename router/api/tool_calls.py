@@ -86,7 +86,7 @@ def read_tool_calls(text: str, choice: ToolChoice | None) -> list[dict[str, Any]
     was cut short: max_tokens, a stop string, an abort)."""
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past the decoder's depth: no call
         return None
     name = forced_name(choice)
     if name is not None:
@@ -165,7 +165,7 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:
                 arguments = json.loads(function["arguments"])
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 arguments = function["arguments"]
             call = {**call, "function": {**function, "arguments": arguments}}
         read.append(call)

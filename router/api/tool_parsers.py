@@ -63,7 +63,7 @@ def _objects(text: str) -> list[Any] | None:
             return values
         try:
             value, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested past the decoder's depth: no call
             return None
         values.append(value)
 

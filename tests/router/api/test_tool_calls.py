@@ -148,6 +148,8 @@ def test_the_output_of_a_forced_call_reads_back_into_tool_calls() -> None:
     # cut short (max_tokens, a stop string): no calls, the text stays the answer
     assert read_tool_calls('[{"name": "now", "param', "required") is None
     assert read_tool_calls('{"city": "Par', chat(tool_choice=NAMED).tool_choice) is None
+    # nested past the JSON decoder's depth (its recursion limit): no calls, never a 500
+    assert read_tool_calls("[" * 5000 + "]" * 5000, "required") is None
 
 
 def test_the_template_is_given_the_tools_and_earlier_calls_as_mappings() -> None:
@@ -168,3 +170,5 @@ def test_the_template_is_given_the_tools_and_earlier_calls_as_mappings() -> None
     # arguments that are not JSON reach the template as written
     odd = {**call, "function": {"name": "f", "arguments": "not json"}}
     assert template_tool_calls([odd])[0]["function"]["arguments"] == "not json"
+    deep = {**call, "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}
+    assert template_tool_calls([deep])[0]["function"]["arguments"] == "[" * 5000 + "]" * 5000

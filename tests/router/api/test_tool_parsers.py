@@ -70,6 +70,9 @@ def test_an_answer_without_calls_is_all_text(parser: str, text: str) -> None:
         ("pythonic", "[get_time(**options)]"),
         ("pythonic", "[os.system(cmd='ls')]"),  # only plain names are functions
         ("pythonic", "[get_weather(city=input())]"),  # arguments must be literals: nothing is run
+        ("qwen25", "<tool_call>" + "[" * 5000),  # nested past the JSON decoder's depth
+        ("llama3", '{"a": ' * 5000),
+        ("pythonic", "[f(a=" + "[" * 5000 + "]" * 5000 + ")]"),  # past the Python parser's
     ],
 )
 def test_what_is_not_a_call_reads_as_none(parser: str, written: str) -> None:
