@@ -221,10 +221,20 @@ def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
     elif isinstance(exc, DuplicateRequestId):
         status, message = 400, str(exc)
     elif isinstance(exc, StarletteHTTPException):
-        status, message = exc.status_code, str(exc.detail)
+        status, message = exc.status_code, _routing_message(exc, method, path)
     else:
         logger.exception("unhandled error on %s %s", method, path, exc_info=exc)
     return error_response(status, message, param)
+
+
+def _routing_message(exc: StarletteHTTPException, method: str, path: str) -> str:
+    """Starlette's routing refusals ("Not Found", "Method Not Allowed") said with the call."""
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"{method} {path}: no such endpoint on this server"
+    allowed = (exc.headers or {}).get("Allow")
+    if exc.status_code == 405 and allowed:
+        return f"{method} {path}: not allowed; this endpoint takes {allowed}"
+    return str(exc.detail)
 
 
 def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None = None) -> None:

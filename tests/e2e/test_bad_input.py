@@ -227,8 +227,10 @@ def test_stop_token_id_outside_the_vocabulary(server, still_serves):
 
 
 def test_unknown_path_and_wrong_method(server):
-    assert_error(requests.get(server.url + "/no_such_endpoint", headers=server.headers(), timeout=TIMEOUT_S), 404)
-    assert_error(requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S), 405)
+    missing = requests.post(server.url + "/v1/embeddings", json={}, headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(missing, 404, "POST /v1/embeddings: no such endpoint on this server")
+    wrong = requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(wrong, 405, "GET /generate: not allowed; this endpoint takes POST")
 
 
 def test_duplicate_request_ids(server, still_serves):
