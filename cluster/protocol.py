@@ -325,6 +325,12 @@ class RankFailed:
     error: str
 
 
+# torch's profiler holds a profile's events in the rank's memory until the stop (~1.4 MB a step
+# with stacks and shapes, SGLang's defaults, on SmolLM2): a profile left running would grow the
+# rank until it is killed, so one stops itself after this many steps
+MAX_PROFILE_STEPS = 1000
+
+
 @message
 @dataclass(slots=True)
 class Profile:

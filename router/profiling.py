@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixcluster.protocol import Profile
+from radixcluster.protocol import MAX_PROFILE_STEPS, Profile
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class ProfileRefused(ValueError):
 class ProfileControl:
     tp_size: int
     running: Profile | None = None
-    steps_left: int | None = None  # None: until /stop_profile
+    steps_left: int = 0  # of the running profile
     outbox: list[Profile] = field(default_factory=list)
 
     def start(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -37,10 +37,10 @@ class ProfileControl:
             with_stack=bool(args["with_stack"]),
             record_shapes=bool(args["record_shapes"]),
         )
-        self.steps_left = args.get("num_steps")
+        self.steps_left = args.get("num_steps") or MAX_PROFILE_STEPS
         self.outbox.append(msg)
         files = [msg.trace_file(rank) for rank in range(self.tp_size)]
-        logger.info("profiling %s; traces go to %s", _span(self.steps_left), ", ".join(files))
+        logger.info("profiling at most %d steps; traces go to %s", self.steps_left, ", ".join(files))
         return {"trace_files": files}
 
     def stop(self) -> dict[str, Any]:
@@ -51,18 +51,20 @@ class ProfileControl:
         return {"trace_files": files}
 
     def stepped(self) -> None:
-        """A model step ran: a profile of ``num_steps`` steps stops after its last."""
-        if self.steps_left is None:
+        """A model step ran: a profile of ``num_steps`` steps (at most MAX_PROFILE_STEPS) stops
+        after its last."""
+        if self.running is None:
             return
         self.steps_left -= 1
         if self.steps_left <= 0:
+            logger.info("the profile %s has recorded its steps; the ranks write it", self.running.profile_id)
             self._stop()
 
     def group_lost(self) -> None:
         """The ranks, and the profile they recorded, are gone."""
         if self.running is not None:
             logger.warning("the profile %s ended with the TP group, unwritten", self.running.profile_id)
-        self.running, self.steps_left = None, None
+        self.running, self.steps_left = None, 0
         self.outbox.clear()
 
     def take(self) -> list[Profile]:
@@ -71,9 +73,5 @@ class ProfileControl:
         return owed
 
     def _stop(self) -> None:
-        self.running, self.steps_left = None, None
+        self.running, self.steps_left = None, 0
         self.outbox.append(Profile(start=False))
-
-
-def _span(steps: int | None) -> str:
-    return "until /stop_profile" if steps is None else f"{steps} steps"

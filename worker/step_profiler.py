@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 
 import torch
 from torch.profiler import ProfilerActivity
@@ -53,19 +52,18 @@ class StepProfiler:
         if profiler is None or started is None:
             return
         self._profiler = self._started = None
-        path, partial = started.trace_file(self.rank), None
+        path = started.trace_file(self.rank)
+        # written aside (a hidden name, ending in .gz so that torch compresses it) and renamed:
+        # whoever waits for the trace never reads half of it
+        partial = os.path.join(started.output_dir, f".{os.path.basename(path)}.partial.gz")
         try:
             profiler.stop()
             os.makedirs(started.output_dir, exist_ok=True)
-            # written aside and renamed: whoever waits for the trace never reads half of it
-            fd, partial = tempfile.mkstemp(suffix=".gz", prefix=".trace-", dir=started.output_dir)
-            os.close(fd)
             profiler.export_chrome_trace(partial)
             os.replace(partial, path)
         except Exception:
             logger.exception("rank %d: the profile could not be written to %s", self.rank, path)
-            if partial is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(partial)
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
             return
         logger.info("rank %d: profile written to %s", self.rank, path)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixcluster.protocol import INT32_MAX
+from radixcluster.protocol import MAX_PROFILE_STEPS
 from radixcluster.router.api.native_schemas import TokenId, fits_context
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
@@ -116,7 +116,7 @@ class ProfileIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     output_dir: str | None = None
-    num_steps: int | None = Field(None, ge=1, le=INT32_MAX)
+    num_steps: int | None = Field(None, ge=1, le=MAX_PROFILE_STEPS)
     activities: list[str] | None = None
     with_stack: bool | None = None
     record_shapes: bool | None = None

@@ -79,6 +79,7 @@ def test_sglangs_environment_variable_names_the_default_directory(server, env_di
         ({"merge_profiles": True}, "merge_profiles is not supported"),
         ({"profile_id": "../escape"}, "it names the trace files"),
         ({"num_steps": 0}, "num_steps"),
+        ({"num_steps": 1001}, "num_steps: Input should be less than or equal to 1000"),
         ({"num_steps": 10**30}, "num_steps"),
     ],
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixcluster.protocol import Profile, decode, encode
+from radixcluster.protocol import MAX_PROFILE_STEPS, Profile, decode, encode
 from radixcluster.router.profiling import ProfileControl, ProfileRefused
 
 ARGS = {
@@ -43,10 +43,12 @@ def test_num_steps_stops_after_the_last_of_them():
     assert control.take() == [Profile(start=False)]
     control.stepped()  # no profile: nothing more
     assert control.take() == []
-    control.start(ARGS)  # a new one may start
-    for _ in range(5):
+    control.start(ARGS)  # a new one may start, until /stop_profile
+    for _ in range(MAX_PROFILE_STEPS - 1):
         control.stepped()
-    assert [m.start for m in control.take()] == [True]  # until /stop_profile
+    assert [m.start for m in control.take()] == [True]
+    control.stepped()  # or its events would grow the rank for ever
+    assert control.take() == [Profile(start=False)]
 
 
 def test_a_lost_group_ends_its_profile_and_what_was_owed_to_it():
