@@ -89,6 +89,8 @@ SAMPLES = [
         top_logprob_values=np.array([[-0.5, -2.0], [-1.0, -3.0]], np.float32),
     ),
     p.RankFailed(rank=2, step_id=4, error="RuntimeError: worker died"),
+    p.Profile(start=True, output_dir="/traces", profile_id="1.5", prefix="p-", activities=["CPU"], with_stack=True),
+    p.Profile(start=False),
     p.Shutdown(),
     p.RouterReady(),
     p.GroupDown(generation=1, reason="rank 2 died"),
