@@ -94,6 +94,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
         return {"version": __version__}
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.post("/reset_prefix_cache")  # vLLM's name (bench_serving --backend vllm --flush-cache)
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:
         answers = await each(ctx, "POST", f"/flush_cache?timeout={timeout}")
         failed = failures(answers)

@@ -109,6 +109,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         return {"version": __version__}  # vLLM's endpoint
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.post("/reset_prefix_cache")  # vLLM's name (bench_serving --backend vllm --flush-cache)
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:
         """Empty the tree; with ``timeout`` (seconds, SGLang's), wait that long for running
         and waiting requests to finish first."""

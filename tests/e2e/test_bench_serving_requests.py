@@ -157,6 +157,8 @@ def test_flush_cache_with_timeout_waits_for_running_requests(server):
     rest = list(lines)
     assert rest[-1] == b"data: [DONE]"
     assert json.loads(rest[-2][6:])["meta_info"]["completion_tokens"] == 64  # not cut short
+    # with --backend vllm it flushes through vLLM's endpoint: POST /reset_prefix_cache, raise_for_status()
+    requests.post(server.url + "/reset_prefix_cache", headers=server.headers(), timeout=TIMEOUT_S).raise_for_status()
 
 
 def test_the_released_bench_serving_runs_against_the_server(server, hf_tokenizer, tmp_path):
