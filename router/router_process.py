@@ -443,6 +443,15 @@ class Router:
             "vocab_size": self.intake.vocab_size,
             "max_queued_requests": c.max_queued_requests,
             "kv_events_address": self.tree_events.address if self.tree_events is not None else None,
+            # SGLang's per-DP-rank scheduler state (one here: a replica is one router), which its
+            # benchmarks read: bench_one_batch_server asserts the running-request bound is set
+            "internal_states": [
+                {
+                    "effective_max_running_requests_per_dp": c.max_running_requests,
+                    "last_gen_throughput": round(self.decode_log.gen_throughput(), 2),
+                    "memory_usage": {"token_capacity": c.num_pages * c.page_size},
+                }
+            ],
         }
 
 

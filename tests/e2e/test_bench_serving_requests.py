@@ -138,7 +138,12 @@ def test_its_readiness_model_and_server_info_calls(server):
     assert get(server, "/v1/models").status_code == 200
     info = get(server, "/server_info")
     assert info.status_code == 200
-    assert "internal_states" not in info.json() or isinstance(info.json()["internal_states"], list)
+    # what bench_serving (avg_spec_accept_length, absent: no speculative decoding) and
+    # bench_one_batch_server (which asserts the running-request bound) read from it
+    (state,) = info.json()["internal_states"]
+    assert state["effective_max_running_requests_per_dp"] == info.json()["max_running_requests"]
+    assert state["memory_usage"]["token_capacity"] == info.json()["max_total_num_tokens"]
+    assert state["last_gen_throughput"] >= 0 and "avg_spec_accept_length" not in state
 
 
 def test_flush_cache_with_timeout_waits_for_running_requests(server):

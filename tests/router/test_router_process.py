@@ -160,6 +160,9 @@ def test_decode_log_interval_logs_the_batch_every_that_many_decode_steps(model_p
             r"decode: a batch of 2, 0 queued, KV pool \d+\.\d% used, [\d.]+ tokens/s decoded over the last 2 steps",
             line,
         )
+    # SGLang's last_gen_throughput: the last interval's rate, until it is stale
+    (state,) = router.submit(ControlRequest(cid="i", kind="server_info"))[0].payload["internal_states"]
+    assert state["last_gen_throughput"] == round(router.decode_log.gen_throughput(), 2) > 0
 
 
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
