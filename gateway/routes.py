@@ -93,6 +93,19 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
+    @router.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        """SGLang's, for a data-parallel server: each available replica's entry, ``dp_rank``
+        its index in ``/replicas``."""
+        index = {r.url: i for i, r in enumerate(ctx.replicas.list())}
+        answers = await each(ctx, "GET", "/get_load")
+        return [
+            {**entry, "dp_rank": index[url]}
+            for url, answer in sorted(answers.items(), key=lambda item: index[item[0]])
+            if isinstance(answer, Answer) and answer.status == 200
+            for entry in answer.json()
+        ]
+
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     @router.post("/reset_prefix_cache")  # vLLM's name (bench_serving --backend vllm --flush-cache)
     async def flush_cache(timeout: float = Query(0.0, ge=0.0)) -> Response:

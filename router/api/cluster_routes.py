@@ -1,6 +1,7 @@
 """What a gateway in front of several replicas asks this one: its load, polled for routing and
-health, and a snapshot of the block names its radix tree holds, to resync from when it
-missed some of the tree events the router publishes."""
+health (ours, and SGLang's ``/get_load``, which its router polls), and a snapshot of the block
+names its radix tree holds, to resync from when it missed some of the tree events the router
+publishes."""
 
 from __future__ import annotations
 
@@ -32,6 +33,23 @@ def cluster_routes(ctx: ApiContext) -> APIRouter:
         number is None when the router publishes none)."""
         stats = await ctx.client.control("stats")
         return {key: stats.get(key) for key in LOAD_KEYS}
+
+    @router.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        """SGLang's: one entry per DP rank (a replica is one), the tokens counted as its
+        scheduler counts them: KV in use, less what the tree could evict, plus the waiting
+        prompts."""
+        stats = await ctx.client.control("stats")
+        used = (stats["num_pages"] - stats["free_pages"]) * stats["page_size"] - stats["evictable_tokens"]
+        waiting = stats["waiting_requests"]
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": stats["running_requests"] + waiting,
+                "num_waiting_reqs": waiting,
+                "num_tokens": max(used, 0) + stats["waiting_tokens"],
+            }
+        ]
 
     @router.get("/cache_blocks", response_model=None)
     async def cache_blocks() -> dict[str, Any] | Response:

@@ -151,6 +151,8 @@ def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
     assert one["count"] == len(one["tokens"]) > 0
     assert post(cluster, "/v1/detokenize", {"tokens": one["tokens"]}).json()["text"] == "Hello, world"
     assert "vocabulary" in post(cluster, "/detokenize", {"tokens": [10**6]}).text
+    loads = get(cluster, "/get_load").json()  # SGLang's, one entry per replica as per DP rank
+    assert [entry["dp_rank"] for entry in loads] == [0, 1] and all(entry["num_reqs"] == 0 for entry in loads)
     text = {"text": "<think>Hmm.</think>Yes.", "reasoning_parser": "qwen3"}
     assert post(cluster, "/separate_reasoning", text).json() == {"reasoning_text": "Hmm.", "text": "Yes."}
     body = {"text": "Count slowly:", "rid": "abort-me", "stream": True}

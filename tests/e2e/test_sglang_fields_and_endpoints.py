@@ -108,6 +108,21 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
     assert get(server, "/version").json() == {"version": server_info["version"]}  # vLLM's
 
 
+def test_get_load_as_sglangs_router_polls_it(server):
+    body = {"text": "Count slowly:", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
+    with requests.post(
+        server.url + "/generate", json=body, headers=server.headers(), stream=True, timeout=TIMEOUT_S
+    ) as r:
+        lines = r.iter_lines()  # kept: a dropped iterator closes the connection, which aborts the request
+        next(line for line in lines if line.startswith(b"data: "))  # it runs
+        (busy,) = get(server, "/get_load").json()
+        assert busy["dp_rank"] == 0 and busy["num_reqs"] >= 1 and busy["num_tokens"] > 0
+        assert busy["num_reqs"] >= busy["num_waiting_reqs"] >= 0
+        assert post(server, "/abort_request", {"abort_all": True}).status_code == 200
+    # nothing running or waiting: no request, and no token but what the tree holds (evictable)
+    assert get(server, "/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+
+
 def test_model_card_by_id(server):
     model = get(server, "/v1/models").json()["data"][0]["id"]
     card = get(server, f"/v1/models/{model}").json()
