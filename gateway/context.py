@@ -54,6 +54,11 @@ def available(ctx: GatewayContext) -> list[Replica]:
     return found
 
 
+def replica_indices(ctx: GatewayContext) -> dict[str, int]:
+    """Each replica's index in GET /replicas, by URL (SGLang's DP rank, where one is named)."""
+    return {r.url: i for i, r in enumerate(ctx.replicas.list())}
+
+
 def named(replicas: list[Replica], name: str | None) -> Replica:
     """The replica ``name`` gives (its URL, or its index in the gateway's list, from 0), or the
     first available one when None; 404 for a name that is neither, 503 when it is down."""

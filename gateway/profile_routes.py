@@ -11,11 +11,11 @@ import time
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from radixcluster.gateway.context import GatewayContext, each, failures
+from radixcluster.gateway.context import GatewayContext, available, each, failures, replica_indices
 from radixcluster.gateway.upstream import fetch
 from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.control_schemas import ProfileIn
-from radixcluster.router.api.errors import ApiError, error_response, read_json
+from radixcluster.router.api.errors import error_response, read_json
 
 
 def gateway_profile_routes(ctx: GatewayContext) -> APIRouter:
@@ -28,17 +28,15 @@ def gateway_profile_routes(ctx: GatewayContext) -> APIRouter:
         body = ProfileIn.model_validate(await read_json(request, ctx.config.max_body_bytes, empty_ok=True))
         body.profile_id = body.profile_id or str(time.time())
         prefix = f"{body.profile_prefix}-" if body.profile_prefix else ""
-        replicas = [(i, r) for i, r in enumerate(ctx.replicas.list()) if r.available]
-        if not replicas:
-            raise ApiError(503, "no replica is available")
+        replicas, index = available(ctx), replica_indices(ctx)
         headers = ctx.replicas.client_headers(request.headers.get("authorization"))
         calls = []
-        for i, replica in replicas:
-            own = body.model_copy(update={"profile_prefix": f"{prefix}DP-{i}"})
+        for replica in replicas:
+            own = body.model_copy(update={"profile_prefix": f"{prefix}DP-{index[replica.url]}"})
             content = json.dumps(own.model_dump(exclude_none=True)).encode()
             calls.append(fetch(ctx.replicas.http, "POST", replica.url + "/start_profile", headers, content))
         answers = await asyncio.gather(*calls, return_exceptions=True)
-        failed = failures(dict(zip((r.url for _, r in replicas), answers)))
+        failed = failures(dict(zip((r.url for r in replicas), answers)))
         if failed:
             return error_response(400, f"the profile did not start everywhere: {failed}")
         return PlainTextResponse("Start profiling.\n")

@@ -14,7 +14,15 @@ from pydantic import BaseModel
 
 from radixcluster import __version__
 from radixcluster.gateway.config import replica_url_problem
-from radixcluster.gateway.context import GatewayContext, available, each, failures, forward, passed_on
+from radixcluster.gateway.context import (
+    GatewayContext,
+    available,
+    each,
+    failures,
+    forward,
+    passed_on,
+    replica_indices,
+)
 from radixcluster.gateway.fast_path import GENERATION_ROUTES
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
 from radixcluster.router.api.control_schemas import AbortIn
@@ -97,7 +105,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def get_load() -> list[dict[str, int]]:
         """SGLang's, for a data-parallel server: each available replica's entry, ``dp_rank``
         its index in ``/replicas``."""
-        index = {r.url: i for i, r in enumerate(ctx.replicas.list())}
+        index = replica_indices(ctx)
         answers = await each(ctx, "GET", "/get_load")
         return [
             {**entry, "dp_rank": index[url]}

@@ -39,14 +39,14 @@ class ProfileControl:
         )
         self.steps_left = args.get("num_steps") or MAX_PROFILE_STEPS
         self.outbox.append(msg)
-        files = [msg.trace_file(rank) for rank in range(self.tp_size)]
+        files = self._trace_files(msg)
         logger.info("profiling at most %d steps; traces go to %s", self.steps_left, ", ".join(files))
         return {"trace_files": files}
 
     def stop(self) -> dict[str, Any]:
         if self.running is None:
             raise ProfileRefused("no profile is running: POST /start_profile first")
-        files = [self.running.trace_file(rank) for rank in range(self.tp_size)]
+        files = self._trace_files(self.running)
         self._stop()
         return {"trace_files": files}
 
@@ -71,6 +71,9 @@ class ProfileControl:
         """The messages owed to the ranks, in order; the outbox empties."""
         owed, self.outbox = self.outbox, []
         return owed
+
+    def _trace_files(self, msg: Profile) -> list[str]:
+        return [msg.trace_file(rank) for rank in range(self.tp_size)]
 
     def _stop(self) -> None:
         self.running, self.steps_left = None, 0
