@@ -41,7 +41,7 @@ async def _everywhere(
     unreachable: the call did not reach it)."""
     raw = await read_body(request, ctx.config.max_body_bytes)
     act_for_tenant(schema.model_validate(parse_json(raw)).tenant, ctx.config.tenant_keys.values())
-    headers = ctx.replicas.client_headers(request.headers.get("authorization"))
+    headers = ctx.replicas.client_headers(request.headers)
     answers = await each(ctx, method, path, raw, headers)
     unreachable = {url: a for url, a in answers.items() if not isinstance(a, Answer)}
     if unreachable:
@@ -63,7 +63,7 @@ def gateway_cache_routes(ctx: GatewayContext) -> APIRouter:
     async def cache_tree(request: Request, replica: str | None = Query(None, description=REPLICA_HELP)) -> Response:
         """One replica's snapshot (``depth`` and ``min_tokens`` go on to it; a tenant sees its own runs)."""
         query = urlencode([(k, v) for k, v in request.query_params.multi_items() if k != "replica"])
-        headers = ctx.replicas.client_headers(request.headers.get("authorization"))
+        headers = ctx.replicas.client_headers(request.headers)
         return await _ask_named(ctx, replica, f"/cache/tree?{query}", headers)
 
     @router.get("/cache_info", response_model=None)

@@ -8,7 +8,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster.gateway.context import GatewayContext, forward
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, RESPONSES
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, MESSAGES, NATIVE, RESPONSES
 from radixcluster.router.api.errors import failure_response
 
 # The FastAPI app declares these routes too, for what it answers about them (405 to another
@@ -19,6 +19,7 @@ GENERATION_ROUTES = {
     "/v1/completions": COMPLETIONS,
     "/v1/chat/completions": CHAT,
     "/v1/responses": RESPONSES,
+    "/v1/messages": MESSAGES,
 }
 
 

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from radixcluster.gateway.connections import Exchange, UpstreamError
 from radixcluster.gateway.metrics import GatewayMetrics
 from radixcluster.gateway.predictions import PredictionLedger, Report
-from radixcluster.gateway.prompts import CACHE_KINDS, NATIVE, RESPONSES, RoutedRequest
+from radixcluster.gateway.prompts import CACHE_KINDS, CHAT_SHAPES, MESSAGES, NATIVE, RESPONSES, RoutedRequest
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
@@ -111,7 +111,7 @@ class Forwarder:
         """Serve ``routed`` (whose body was ``raw``, which arrived at ``arrived``, a perf_counter
         time, with ``headers``) on a replica; the client leaving a non-streamed request cancels
         it there."""
-        sent = {**self.replicas.client_headers(headers.get("authorization")), "Content-Type": "application/json"}
+        sent = {**self.replicas.client_headers(headers), "Content-Type": "application/json"}
         forwarding = self._forward(path, routed, raw, sent, headers.get("x-session-id"), arrived)
         return await (forwarding if routed.stream else until_disconnect(receive, forwarding))
 
@@ -203,9 +203,7 @@ class Forwarder:
         firsts = list(range(0, len(routed.prompts), routed.usage_stride))
         usage["replica"] = placement.replica.url
         usage["predicted_cached_tokens"] = sum(placement.predicted[i] for i in firsts)
-        prompt = "input_tokens" if routed.kind == RESPONSES else "prompt_tokens"  # the Responses API's names
-        cached = (usage.get(f"{prompt}_details") or {}).get("cached_tokens", 0)
-        report = Report(firsts, cached, usage[prompt])
+        report = Report(firsts, *_prompt_counts(usage, routed.kind))
         self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
 
     async def _relay(
@@ -222,9 +220,10 @@ class Forwarder:
                     yield SSE_DONE
                     continue
                 chunk = json.loads(data)
-                if routed.kind == RESPONSES:  # typed events, the last one with the response's usage
-                    if (chunk.get("response") or {}).get("usage"):
-                        self._usage(chunk["response"]["usage"], placement, routed)
+                if routed.kind in CHAT_SHAPES:  # typed events, one near the end with the answer's usage
+                    answered = _final_usage(chunk, routed.kind)
+                    if answered:
+                        self._usage(answered, placement, routed)
                     yield sse(chunk, chunk.get("type"))
                 elif "error" in chunk:
                     yield sse(chunk)
@@ -241,9 +240,29 @@ class Forwarder:
                     yield sse(chunk)
         except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
-            typed = routed.kind == RESPONSES  # an error event, and no [DONE], in the Responses API
-            yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed)
+            typed = routed.kind in CHAT_SHAPES  # an error event, and no [DONE]
+            path = "/v1/messages" if routed.kind == MESSAGES else ""  # whose clients read Anthropic's shape
+            yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed, path)
             if not typed:
                 yield SSE_DONE
         finally:
             dispatch.end()
+
+
+def _prompt_counts(usage: dict[str, Any], kind: str) -> tuple[int, int]:
+    """The cached and the whole prompt's tokens of an answer's ``usage``, in the names of its API:
+    OpenAI's chat and completions, its Responses API, or Anthropic's (whose ``input_tokens``
+    are those not read from the cache)."""
+    if kind == MESSAGES:
+        cached = usage.get("cache_read_input_tokens", 0)
+        return cached, usage["input_tokens"] + cached + usage.get("cache_creation_input_tokens", 0)
+    prompt = "input_tokens" if kind == RESPONSES else "prompt_tokens"
+    return (usage.get(f"{prompt}_details") or {}).get("cached_tokens", 0), usage[prompt]
+
+
+def _final_usage(event: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The usage of a typed stream's event that ends the answer: the Responses API's last
+    response, the Messages API's message_delta; None for the others."""
+    if kind == MESSAGES:
+        return event.get("usage") if event.get("type") == "message_delta" else None
+    return (event.get("response") or {}).get("usage")

@@ -29,7 +29,7 @@ def gateway_profile_routes(ctx: GatewayContext) -> APIRouter:
         body.profile_id = body.profile_id or str(time.time())
         prefix = f"{body.profile_prefix}-" if body.profile_prefix else ""
         replicas, index = available(ctx), replica_indices(ctx)
-        headers = ctx.replicas.client_headers(request.headers.get("authorization"))
+        headers = ctx.replicas.client_headers(request.headers)
         calls = []
         for replica in replicas:
             own = body.model_copy(update={"profile_prefix": f"{prefix}DP-{index[replica.url]}"})
@@ -43,7 +43,7 @@ def gateway_profile_routes(ctx: GatewayContext) -> APIRouter:
 
     @router.api_route("/stop_profile", methods=["GET", "POST"], dependencies=admin)
     async def stop_profile(request: Request) -> Response:
-        headers = ctx.replicas.client_headers(request.headers.get("authorization"))
+        headers = ctx.replicas.client_headers(request.headers)
         failed = failures(await each(ctx, "POST", "/stop_profile", None, headers))
         if failed:
             return error_response(400, f"the profile did not stop everywhere: {failed}")

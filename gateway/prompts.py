@@ -17,13 +17,17 @@ from radixcluster.gateway.segment_encoder import SegmentEncoder
 from radixcluster.router.api.cache_schemas import CachePrefixIn, PinIn
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import pack_ids
+from radixcluster.router.api.messages_schemas import MessagesIn
 from radixcluster.router.api.native_schemas import GenerateIn, cache_namespace, served_context
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.api.responses_schemas import ResponsesIn
 from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
-NATIVE, COMPLETIONS, CHAT, RESPONSES = "native", "completions", "chat", "responses"
+NATIVE, COMPLETIONS, CHAT, RESPONSES, MESSAGES = "native", "completions", "chat", "responses", "messages"
+# the chats under another shape (OpenAI's Responses API, Anthropic's Messages API): one answer,
+# whose usage always comes with it, in typed events when streamed
+CHAT_SHAPES: dict[str, type[ResponsesIn] | type[MessagesIn]] = {RESPONSES: ResponsesIn, MESSAGES: MessagesIn}
 # POST /cache/warm and /cache/pin: one prompt, answered with a native meta_info's counts at the top
 WARM, PIN = "warm", "pin"
 CACHE_KINDS: dict[str, type[CachePrefixIn]] = {WARM: CachePrefixIn, PIN: PinIn}
@@ -164,11 +168,11 @@ class PromptReader:
             prompts = [_prompt(ids, salt, start) for ids in inputs for _ in range(completion.n)]
             stride, usage, field = completion.n, completion.include_usage, self._gateway_tokens(tokenized)
             return RoutedRequest(kind, body, prompts, completion.stream, stride, usage, gateway_tokens=field)
-        if kind == RESPONSES:  # a chat whose usage always comes with its answer
-            response = ResponsesIn.model_validate(body, context=self._validation)
-            ids = self._encode(**response.chat_input())
-            prompts = [_prompt(ids, cache_namespace(response.cache_salt, response.extra_key))]
-            return RoutedRequest(kind, body, prompts, response.stream, 1, True, self._gateway_tokens([ids]))
+        if kind in CHAT_SHAPES:
+            shaped = CHAT_SHAPES[kind].model_validate(body, context=self._validation)
+            ids = self._encode(**shaped.chat_input())
+            prompts = [_prompt(ids, cache_namespace(shaped.cache_salt, shaped.extra_key))]
+            return RoutedRequest(kind, body, prompts, shaped.stream, 1, True, self._gateway_tokens([ids]))
         chat = ChatCompletionIn.model_validate(body, context=self._validation)
         ids = self._encode(**chat.chat_input())
         prompts = [_prompt(ids, cache_namespace(chat.cache_salt, chat.extra_key)) for _ in range(chat.n)]

@@ -19,12 +19,14 @@ import aiohttp
 import numpy as np
 import zmq
 import zmq.asyncio
+from starlette.datastructures import Headers
 
 from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway.connections import ConnectionPool
 from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, open_session
 from radixcluster.protocol import PROTOCOL_VERSION, ProtocolError, TreeEvent, decode
+from radixcluster.router.api.auth import presented_key
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +50,13 @@ class ReplicaSet:
         self._discovery: asyncio.Task | None = None
         self._other_versions: set[str] = set()  # replicas whose blocks are named otherwise (logged once)
 
-    def client_headers(self, authorization: str | None) -> dict[str, str]:
-        """What a client's generation or cache call carries to a replica: the client's own
-        ``authorization`` when the replicas tell tenants or the admin apart, else the gateway's key."""
+    def client_headers(self, headers: Headers) -> dict[str, str]:
+        """What a client's generation or cache call (its ``headers``) carries to a replica: the
+        client's own key (its Authorization, or its x-api-key as one) when the replicas tell
+        tenants or the admin apart, else the gateway's key."""
+        authorization = presented_key(headers.raw)
         if self.config.passes_client_keys and authorization:
-            return {"Authorization": authorization}
+            return {"Authorization": authorization.decode("latin-1")}
         return self.headers
 
     def list(self) -> list[Replica]:

@@ -47,7 +47,7 @@ async def _ask_one(ctx: GatewayContext, method: str, path: str, content: bytes |
             errors.append(f"{replica.url}: {type(exc).__name__}: {exc}")
             continue
         return passed_on(answer)
-    return error_response(503, "no replica answered: " + "; ".join(errors))
+    return error_response(503, "no replica answered: " + "; ".join(errors), path=path)
 
 
 def _generation(ctx: GatewayContext, path: str, kind: str) -> Callable[[Request], Awaitable[Response]]:
@@ -140,6 +140,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     @router.post("/v1/detokenize")
     @router.post("/parse_function_call")
     @router.post("/separate_reasoning")
+    @router.post("/v1/messages/count_tokens")
     async def text_call(request: Request) -> Response:
         raw = await read_body(request, ctx.config.max_body_bytes)
         return await _ask_one(ctx, "POST", request.url.path, raw)

@@ -392,13 +392,14 @@ class Router:
 
     def _token_ids(self, args: dict) -> list[list[int]]:
         """``prompts`` encoded as /generate would, or ``messages`` rendered with the chat template
-        first (tokenizing more text than one prompt can hold would hold up the loop)."""
+        first (into the last one with ``continue_final_message``) (tokenizing more text than one prompt can hold would hold up the loop)."""
         if "messages" in args:
             self.intake.check_chat(args["messages"])
             text = self.tokenizer.apply_chat_template(
                 args["messages"],
                 args.get("add_generation_prompt", True),
                 args.get("tools"),
+                bool(args.get("continue_final_message", False)),
                 template_kwargs=args.get("chat_template_kwargs"),
             )
             self.intake.check_text(text, "the rendered chat")

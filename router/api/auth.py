@@ -1,5 +1,6 @@
 """Bearer-token authentication for the HTTP servers (a replica's api, the gateway), and the
-tenant a key names (--api-key-file)."""
+tenant a key names (--api-key-file). Anthropic's clients send the key as ``x-api-key``, which
+counts as the same bearer token."""
 
 from __future__ import annotations
 
@@ -28,13 +29,24 @@ def _bearer(key: str) -> bytes:
     return f"Bearer {key}".encode()
 
 
+def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The credentials of a request (its raw ASGI headers) as an Authorization header: its own,
+    else its ``x-api-key`` as a bearer token; empty when it has neither."""
+    found = dict(headers)
+    if b"authorization" in found:
+        return found[b"authorization"]
+    key = found.get(b"x-api-key")
+    return b"Bearer " + key if key is not None else b""
+
+
 def _digest(header: bytes) -> bytes:
     # keys are looked up by a hash of the header: the lookup's time says nothing about any key
     return hashlib.sha256(header).digest()
 
 
 class BearerAuth:
-    """Refuse every request without ``Authorization: Bearer <key>``, except public paths; the
+    """Refuse every request without ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``),
+    except public paths; the
     keys are the API key, the admin key and the tenants' keys (``tenant_keys``: key -> tenant),
     whichever are set. A tenant's key makes its tenant ``current_tenant``. ``on_reject`` is
     told each refusal's status (a metric)."""
@@ -54,7 +66,7 @@ class BearerAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
+            given = presented_key(scope["headers"])
             found = _digest(given)
             if found in self._tenants:
                 current_tenant.set(self._tenants[found])
@@ -62,7 +74,8 @@ class BearerAuth:
                 message = "missing API key" if not given else "invalid API key"
                 if self._on_reject is not None:
                     self._on_reject(401)
-                await error_response(401, f"{message}: send 'Authorization: Bearer <key>'")(scope, receive, send)
+                hint = f"{message}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                await error_response(401, hint, path=scope["path"])(scope, receive, send)
                 return
         await self._app(scope, receive, send)
 
@@ -81,14 +94,16 @@ def act_for_tenant(named: str | None, tenants: Collection[str]) -> None:
     current_tenant.set(named)
 
 
+def holds_admin(admin_key: str | None, request: Request) -> bool:
+    """Whether ``request`` may make the admin's calls: there is no admin key, or it carries it."""
+    return admin_key is None or hmac.compare_digest(presented_key(request.scope["headers"]), _bearer(admin_key))
+
+
 def admin_check(admin_key: str | None) -> Callable[[Request], None]:
     """A route dependency: with an admin key, refuse (401) a call that does not carry it."""
 
     def check(request: Request) -> None:
-        if admin_key is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, _bearer(admin_key)):
+        if not holds_admin(admin_key, request):
             raise ApiError(
                 401,
                 "this call (cache control or profiling) needs the admin key: send 'Authorization: Bearer <admin key>'",

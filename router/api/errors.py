@@ -1,5 +1,6 @@
-"""HTTP errors of the api: one OpenAI-shaped JSON body for every failure, and the handlers
-that turn exceptions (ours, pydantic's, Starlette's) into it."""
+"""HTTP errors of the api: one OpenAI-shaped JSON body for every failure (Anthropic's shape on
+its Messages API's paths), and the handlers that turn exceptions (ours, pydantic's, Starlette's)
+into it."""
 
 from __future__ import annotations
 
@@ -36,6 +37,19 @@ ERROR_TYPES = {
     503: "service_unavailable",
     504: "deadline_exceeded",
 }
+# Anthropic's names of the same statuses (its 529 "overloaded" is a 503 here)
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+ANTHROPIC_PATH = "/v1/messages"
 # a 429 (queue full) or 503 (draining, workers restarting) asks the client to come back after this long
 RETRY_AFTER_S = 1
 
@@ -53,15 +67,23 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict:
-    """The JSON body of every error response (OpenAI's shape: ``param`` names the field at
-    fault, when one is)."""
+def anthropic_path(path: str) -> bool:
+    """Whether ``path`` is the Messages API's, whose clients read Anthropic's error shape."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_body(status: int, message: str, param: str | None = None, path: str = "") -> dict:
+    """The JSON body of an error response to a call of ``path``: OpenAI's shape (``param``
+    names the field at fault, when one is), or Anthropic's on the Messages API's paths."""
+    if anthropic_path(path):
+        kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None, path: str = "") -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, path), status_code=status, headers=headers)
 
 
 # pydantic's tags of union members in an error's location ("list[str]", "str"); no field is
@@ -224,7 +246,7 @@ def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
         status, message = exc.status_code, _routing_message(exc, method, path)
     else:
         logger.exception("unhandled error on %s %s", method, path, exc_info=exc)
-    return error_response(status, message, param)
+    return error_response(status, message, param, path)
 
 
 def _routing_message(exc: StarletteHTTPException, method: str, path: str) -> str:

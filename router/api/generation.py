@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.api.auth import current_tenant
-from radixcluster.router.api.errors import ApiError, error_body
+from radixcluster.router.api.errors import ApiError, anthropic_path, error_body
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
 
@@ -278,9 +278,11 @@ def sse(payload: Any, event: str | None = None) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def error_frame(status: int, message: str, typed: bool) -> bytes:
+def error_frame(status: int, message: str, typed: bool, path: str = "") -> bytes:
     """A stream's failure after its first frame: OpenAI's error chunk, or (``typed``) the
-    Responses API's ``error`` event."""
+    ``error`` event of the Responses API, or of the Messages API on its ``path``."""
+    if anthropic_path(path):
+        return sse(error_body(status, message, path=path), "error")
     error = error_body(status, message)
     return sse({**error["error"], "type": "error"}, "error") if typed else sse(error)
 
@@ -305,8 +307,9 @@ class SSEResponse(StreamingResponse):
 async def start_stream(
     request: Request, chunks: AsyncGenerator[dict[str, Any], None], typed: bool = False
 ) -> SSEResponse:
-    """SSE frames of ``chunks``, then ``[DONE]``; ``typed`` (the Responses API's events): each
-    frame named by its chunk's ``type``, an error as an ``error`` event, and no ``[DONE]``.
+    """SSE frames of ``chunks``, then ``[DONE]``; ``typed`` (the Responses and Messages APIs'
+    events): each frame named by its chunk's ``type``, an error as an ``error`` event, and no
+    ``[DONE]``.
 
     The first chunk is awaited before answering, so a request the router rejects at once
     gets its HTTP error status; an error after that becomes an error frame (the status
@@ -328,7 +331,7 @@ async def start_stream(
             async for chunk in chunks:
                 yield frame(chunk)
         except ApiError as exc:
-            yield error_frame(exc.status, exc.message, typed)
+            yield error_frame(exc.status, exc.message, typed, request.url.path)
         finally:
             await chunks.aclose()
         if not typed:

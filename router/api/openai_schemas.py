@@ -398,6 +398,14 @@ class ToolsRequest(OpenAIRequest):
         return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
 
 
+def check_one_answer(request: OpenAIRequest, answer: str) -> None:
+    """A chat under another shape gives one ``answer`` (its ``n`` stays 1) to one prompt."""
+    if request.n != 1:
+        raise ValueError(f"n: {answer} is one answer")
+    if request.gateway_tokens is not None:
+        request.gateway_tokens.check_count(1)
+
+
 class ChatCompletionIn(ToolsRequest):
     """``POST /v1/chat/completions``; the router renders ``messages`` with the chat template."""
 

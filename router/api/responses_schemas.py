@@ -16,6 +16,7 @@ from radixcluster.router.api.openai_schemas import (
     JsonSchemaFormat,
     ResponseFormat,
     ToolsRequest,
+    check_one_answer,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
 
@@ -199,10 +200,7 @@ class ResponsesIn(ToolsRequest):
 
     @model_validator(mode="after")
     def _check(self) -> ResponsesIn:
-        if self.n != 1:
-            raise ValueError("n: a response has one output")
-        if self.gateway_tokens is not None:
-            self.gateway_tokens.check_count(1)
+        check_one_answer(self, "a response")
         return self
 
     @property

@@ -24,6 +24,7 @@ from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
 from radixcluster.router.api.errors import error_response, install_error_handlers
 from radixcluster.router.api.http_protocol import BoundedHeadProtocol
+from radixcluster.router.api.messages_routes import messages_routes
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
 from radixcluster.router.api.parser_routes import parser_routes
@@ -52,7 +53,7 @@ class DrainGate:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._ctx.draining and scope["type"] == "http" and scope["path"] not in _DRAIN_PATHS:
             self._ctx.metrics.count_rejection(503)
-            await error_response(503, SHUTTING_DOWN)(scope, receive, send)
+            await error_response(503, SHUTTING_DOWN, path=scope["path"])(scope, receive, send)
             return
         await self._app(scope, receive, send)
 
@@ -78,6 +79,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(parser_routes(ctx))
     app.include_router(openai_routes(ctx))
     app.include_router(responses_routes(ctx))
+    app.include_router(messages_routes(ctx))
     app.include_router(cluster_routes(ctx))
     app.include_router(cache_routes(ctx))
     if config.api_key or config.tenant_keys:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -61,3 +62,16 @@ def test_openai_sdk_with_and_without_the_key(secured):
     bad = openai.OpenAI(base_url=secured.url + "/v1", api_key="wrong", timeout=120, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(secured):
+    good = anthropic.Anthropic(base_url=secured.url, api_key=KEY, timeout=TIMEOUT_S, max_retries=0)
+    message = good.messages.create(model="any", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert message.usage.output_tokens <= 2
+    generated = requests.post(secured.url + "/generate", json=GENERATE, headers={"x-api-key": KEY}, timeout=TIMEOUT_S)
+    assert generated.status_code == 200
+    bad = anthropic.Anthropic(base_url=secured.url, api_key="wrong", timeout=TIMEOUT_S, max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as raised:
+        bad.messages.count_tokens(model="any", messages=[{"role": "user", "content": "Hi"}])
+    assert raised.value.body["error"]["type"] == "authentication_error"
+    assert "x-api-key" in raised.value.body["error"]["message"]

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 import requests
@@ -251,6 +252,31 @@ def test_openai_requests_pin_through_the_cache_control_field(server):
         ask("Name a lake.", plain)
     with pytest.raises(openai.BadRequestError, match="ttl"):
         sdk.completions.create(model=model, prompt="hi", max_tokens=1, extra_body={"cache_control": {"ttl": "1y"}})
+
+
+def test_anthropic_cache_control_pins_for_the_admin_and_caches_for_the_others(server):
+    """The Messages API's cache_control on the system prompt pins it with the admin key; with
+    another key the request is answered, its prompt cached as any prompt is, and nothing pinned.
+    A tenant's x-api-key reads its own namespace."""
+
+    def ask(key: str, system: str, question: str) -> Any:
+        sdk = anthropic.Anthropic(base_url=server.url, api_key=key, timeout=TIMEOUT_S, max_retries=0)
+        marked = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "10m"}}]
+        return sdk.messages.create(
+            model="any", max_tokens=1, system=marked, messages=[{"role": "user", "content": question}]
+        ).usage
+
+    first = ask("boss", PINNED, "Name a river.")
+    (pin,) = cache_info(server)["pins"]
+    assert 40 < pin["tokens"] < first.input_tokens - 4  # the system message, not the question
+    flood(server)
+    assert ask("boss", PINNED, "Name a mountain.").cache_read_input_tokens == pin["tokens"]
+    assert ask("k", HEADER, "Name a lake.").input_tokens > 0
+    assert [p["tokens"] for p in cache_info(server)["pins"]] == [pin["tokens"]]
+    assert ask("k", HEADER, "Name a sea.").cache_read_input_tokens > 30  # cached all the same
+    ask("ka", HEADER, "Name a sea.")
+    assert ask("ka", HEADER, "Name a bay.").cache_read_input_tokens > 30
+    assert ask("kb", HEADER, "Name a bay.").cache_read_input_tokens == 0  # another tenant's namespace
 
 
 def test_the_admin_pins_and_evicts_inside_a_tenants_namespace_by_naming_it(server):

@@ -83,6 +83,28 @@ def test_responses_are_relayed_with_their_events_and_the_prediction(servers) -> 
     assert frames[-1]["response"]["usage"]["replica"] == replica.url
 
 
+def test_anthropic_messages_are_relayed_with_their_events_and_the_prediction(servers) -> None:
+    replica, gateway = servers
+    body = {"model": "m", "max_tokens": 4, "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
+    body = {**body, "temperature": 0}
+    direct, through = (post(s, "/v1/messages", body).json() for s in servers)
+    assert through["content"] == direct["content"]
+    usage = through["usage"]
+    assert usage["replica"] == replica.url and usage["predicted_cached_tokens"] <= usage["cache_read_input_tokens"]
+    with post(gateway, "/v1/messages", {**body, "stream": True}, stream=True) as resp:
+        lines = [line for line in resp.iter_lines(decode_unicode=True) if line]
+    names = [line[len("event: ") :] for line in lines if line.startswith("event: ")]
+    frames = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    assert names == [f["type"] for f in frames] and names[-1] == "message_stop"  # no [DONE]
+    assert frames[-2]["usage"]["replica"] == replica.url
+    counted = requests.post(
+        gateway.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": KEY}, timeout=120
+    )
+    assert counted.json() == {"input_tokens": usage["input_tokens"] + usage["cache_read_input_tokens"]}
+    refused = post(gateway, "/v1/messages", {**body, "max_tokens": -1})
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+
+
 def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -> None:
     replica, gateway = servers
     tokenizer = load_tokenizer(model_path)

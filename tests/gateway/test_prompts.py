@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from radixcluster.gateway.prompts import CHAT, COMPLETIONS, NATIVE, PIN, RESPONSES, WARM, PromptReader
+from radixcluster.gateway.prompts import CHAT, COMPLETIONS, MESSAGES, NATIVE, PIN, RESPONSES, WARM, PromptReader
 from radixcluster.protocol import GenerateRequest, PromptTokens, SamplingParams
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.gateway_tokens import prompt_tokens
@@ -133,6 +133,22 @@ def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_
     ]
     assert response.ids.tolist() == router_ids(tool_tokenizer, messages=chat, tools=tools)
     assert "<think>Hm.</think><tool_call>" in tool_tokenizer.decode(response.ids.tolist())
+    # and Anthropic's Messages API: tool_use and tool_result blocks, thinking, a tool without input
+    blocks = [
+        *messages,
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Hm.", "signature": ""},
+                {"type": "tool_use", "id": "c1", "name": "now", "input": {}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "noon"}]},
+    ]
+    anthropic = {"max_tokens": 4, "messages": blocks, "tools": [{"name": "now"}], "tool_choice": {"type": "any"}}
+    (message,) = PromptReader(tool_tokenizer).read(MESSAGES, anthropic).prompts
+    no_input = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    assert message.ids.tolist() == router_ids(tool_tokenizer, messages=chat, tools=no_input)
     # the chat endpoint's earlier thinking, under vLLM's either name, reaches the template the same way
     for name in ("reasoning_content", "reasoning"):
         call = {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}

@@ -64,7 +64,7 @@ def test_max_output_tokens_and_text_format_become_the_sampling_parameters() -> N
         ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools of type 'web_search' are not supported"),
         ({"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "mcp"}}, "'mcp'"),
         ({"input": "Hi", "tool_choice": "required"}, "tool_choice needs tools"),
-        ({"input": "Hi", "n": 2}, "one output"),
+        ({"input": "Hi", "n": 2}, "a response is one answer"),
         ({"input": ""}, "input"),
         ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input items of type 'web_search_call'"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "a b", "arguments": "{}"}]}, "input"),

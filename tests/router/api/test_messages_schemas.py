@@ -1,0 +1,245 @@
+"""Anthropic's Messages API request read as a chat: the system message, tool results and calls,
+thinking, a prefill, the pins of cache_control, and the refusals of what this server cannot do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from radixcluster.protocol import PromptPin
+from radixcluster.router.api.messages_schemas import MessagesChat, MessagesIn
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+CACHED = {"type": "ephemeral", "ttl": "1h"}
+
+
+def request(**fields: Any) -> MessagesIn:
+    return MessagesIn.model_validate({"model": "m", "max_tokens": 16, **fields})
+
+
+def test_system_and_text_blocks_become_the_chats_messages():
+    body = request(
+        system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Answer in French."}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": "Bonjour"},
+            {"role": "user", "content": "Capital of Spain?"},
+        ],
+    )
+    chat = body.chat_input()
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief.\nAnswer in French."},
+        {"role": "user", "content": "Hi\nthere"},
+        {"role": "assistant", "content": "Bonjour"},
+        {"role": "user", "content": "Capital of Spain?"},
+    ]
+    assert chat["continue_final_message"] is False and chat["tools"] is None and chat["chat_template_kwargs"] is None
+    assert body.sampling().max_new_tokens == 16 and body.pins() == []
+
+
+def test_tool_use_and_tool_results_become_calls_and_tool_messages():
+    body = request(
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+        messages=[
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "Two cities.", "signature": "sig"},
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": [{"type": "text", "text": "Rain"}]},
+                    {"type": "text", "text": "Which is warmer?"},
+                ],
+            },
+        ],
+    )
+    chat = body.chat_input()
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    assert chat["messages"][1] == {
+        "role": "assistant",
+        "content": "Looking.",
+        "tool_calls": [
+            {"id": "toolu_1", **call},
+            {"id": "toolu_2", **call, "function": {**call["function"], "arguments": {"city": "Rome"}}},
+        ],
+        "reasoning_content": "Two cities.",
+    }
+    assert chat["messages"][2:] == [
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny"},
+        {"role": "tool", "tool_call_id": "toolu_2", "content": "Rain"},
+        {"role": "user", "content": "Which is warmer?"},
+    ]
+    assert chat["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather of a city",
+                "parameters": WEATHER["input_schema"],
+            },
+        }
+    ]
+    # a user message of tool results alone adds no empty user turn
+    only_results = request(
+        messages=[
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+        ]
+    )
+    assert only_results.chat_input()["messages"][-1] == {"role": "tool", "tool_call_id": "t", "content": ""}
+
+
+@pytest.mark.parametrize(
+    "choice,chat_choice,parallel",
+    [
+        ({"type": "auto"}, "auto", True),
+        ({"type": "any"}, "required", True),
+        ({"type": "any", "disable_parallel_tool_use": True}, "required", False),
+        ({"type": "none"}, "none", True),
+    ],
+)
+def test_tool_choice_reads_as_the_chats(choice, chat_choice, parallel):
+    body = request(tools=[WEATHER], tool_choice=choice, messages=[{"role": "user", "content": "Paris?"}])
+    assert (body.tool_choice, body.parallel_tool_calls) == (chat_choice, parallel)
+
+
+def test_a_named_tool_is_forced_under_its_input_schema():
+    body = request(
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=[{"role": "user", "content": "Paris?"}],
+    )
+    assert body.tool_choice.function.name == "get_weather"
+    assert '"required": ["city"]' in body.sampling().json_schema
+    no_input = request(
+        tools=[{"name": "now"}], tool_choice={"type": "any"}, messages=[{"role": "user", "content": "?"}]
+    )
+    assert no_input.tools[0].function.parameters == {"type": "object", "properties": {}}
+
+
+def test_a_last_assistant_message_is_a_prefill():
+    body = request(messages=[{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One, two,"}])
+    chat = body.chat_input()
+    assert chat["continue_final_message"] is True and chat["messages"][-1] == {
+        "role": "assistant",
+        "content": "One, two,",
+    }
+
+
+def test_stop_sequences_thinking_and_the_output_format():
+    body = request(
+        messages=[{"role": "user", "content": "Hi"}],
+        stop_sequences=["\n\n", "END"],
+        thinking={"type": "enabled", "budget_tokens": 8},
+        output_config={"format": {"type": "json_schema", "schema": {"type": "object"}}, "effort": "low"},
+        top_k=5,
+        temperature=0.3,
+    )
+    sampling = body.sampling()
+    assert (sampling.stop, sampling.top_k, sampling.temperature) == (["\n\n", "END"], 5, 0.3)
+    assert sampling.json_schema == '{"type": "object"}'
+    assert body.chat_input()["chat_template_kwargs"] == {"enable_thinking": True}
+    beta = request(
+        messages=[{"role": "user", "content": "Hi"}], output_format={"type": "json_schema", "schema": {"type": "array"}}
+    )
+    assert beta.sampling().json_schema == '{"type": "array"}'
+    off = request(
+        messages=[{"role": "user", "content": "Hi"}], thinking={"type": "disabled"}, chat_template_kwargs={"x": 1}
+    )
+    assert off.chat_input()["chat_template_kwargs"] == {"x": 1, "enable_thinking": False}
+
+
+def test_cache_control_pins_the_chat_to_the_end_of_its_message():
+    body = request(
+        tools=[{**WEATHER, "cache_control": {"type": "ephemeral"}}],
+        tool_choice={"type": "none"},
+        system=[{"type": "text", "text": "Be brief.", "cache_control": CACHED}],
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": {"city": "Oslo"}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": "Snow"},
+                    {"type": "text", "text": "Thanks", "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+                ],
+            },
+        ],
+    )
+    # system, user, assistant, tool, user: the last block's pin takes all five messages
+    assert body.pins() == [PromptPin(300.0, 1), PromptPin(3600.0, 1), PromptPin(300.0, 5)]
+    body._may_pin = False
+    assert body.pins() == []
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x"}}]}
+                ]
+            },
+            "content blocks of type 'image' are not supported",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}],
+                    }
+                ]
+            },
+            "blocks of type 'image' are not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+            "a user message cannot hold a tool_use block",
+        ),
+        ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "Anthropic's own tools"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "not among the tools"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "tool_choice of type 'sometimes'"),
+        ({"tools": [WEATHER, WEATHER]}, "a name of its own"),
+        (
+            {"thinking": {"type": "enabled", "budget_tokens": 16}},
+            "budget_tokens (16) must be less than max_tokens (16)",
+        ),
+        ({"mcp_servers": [{"url": "http://x"}]}, "MCP servers"),
+        ({"system": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral", "ttl": "1y"}}]}, "ttl"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_by_name(fields, message):
+    body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}], **fields}
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        MessagesIn.model_validate({k: v for k, v in body.items() if v is not None})
+
+
+def test_count_tokens_reads_the_conversation_without_max_tokens():
+    body = MessagesChat.model_validate(
+        {"model": "m", "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
+    )
+    assert [m["role"] for m in body.chat_input()["messages"]] == ["system", "user"]
