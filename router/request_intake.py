@@ -106,9 +106,10 @@ class RequestIntake:
             raise RequestRejected("the prompt is empty: at least one token is needed")
         self._check_ids(ids, "input_ids")
         if ids.size >= self.context_length:
+            # Anthropic's wording, which Claude Code reads to know how much of a conversation to compact
             raise RequestRejected(
-                f"the prompt has {ids.size} tokens; this model's context length is {self.context_length} "
-                f"(prompt + output must fit)"
+                f"prompt is too long: {ids.size} tokens > {self.context_length - 1} maximum (this model's "
+                f"context length is {self.context_length}; prompt + output must fit)"
             )
         if sampling.max_new_tokens_is_default:
             # a limit the client did not set gives way to the room the prompt leaves

@@ -1,8 +1,9 @@
 """The request of Anthropic's Messages API (``POST /v1/messages`` and its ``count_tokens``), read
-as a chat: ``system`` as the system message, a user's ``tool_result`` blocks as ``tool`` messages
-before its text, an assistant's ``tool_use`` blocks as its ``tool_calls`` and its ``thinking`` as
-its ``reasoning_content``. A last assistant message is a prefill: the answer goes on from it.
-``cache_control`` on a block pins the chat up to the end of that block's message."""
+as a chat: ``system`` (and a system message between turns) as a system message, a user's
+``tool_result`` blocks as ``tool`` messages before its text, an assistant's ``tool_use`` blocks
+as its ``tool_calls`` and its ``thinking`` as its ``reasoning_content``. A last assistant message
+is a prefill: the answer goes on from it. ``cache_control`` on a block pins the chat up to the
+end of that block's message."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from radixcluster.protocol import PromptPin
+from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.native_schemas import SamplingParamsIn, fits_context
 from radixcluster.router.api.openai_schemas import (
@@ -29,7 +30,6 @@ UNSUPPORTED_MESSAGES = {
     **UNSUPPORTED_OPENAI,
     "container": "containers (code execution) run on Anthropic's servers",
     "mcp_servers": "MCP servers are called by Anthropic's servers: give their tools as tools",
-    "context_management": "the conversation is not edited on the server: send the messages to be read",
 }
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 # a tool whose input_schema is left out takes no input
@@ -130,10 +130,21 @@ def joined(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "\n".join(block.text for block in content)
 
 
+# the blocks each role's message may hold (redacted thinking too, which is left out)
+_ROLE_BLOCKS: dict[str, tuple[type, ...]] = {
+    "user": (TextBlock, ToolResultBlock, RedactedThinkingBlock),
+    "assistant": (TextBlock, ToolUseBlock, ThinkingBlock, RedactedThinkingBlock),
+    "system": (TextBlock,),
+}
+
+
 class MessageIn(BaseModel):
+    """A turn: a user's, an assistant's, or (Anthropic's mid-conversation system beta, which
+    Claude Code sends) a system message of text."""
+
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -143,9 +154,8 @@ class MessageIn(BaseModel):
 
     @model_validator(mode="after")
     def _blocks_of_role(self) -> MessageIn:
-        allowed = (TextBlock, ToolResultBlock) if self.role == "user" else (TextBlock, ToolUseBlock, ThinkingBlock)
         for block in self.blocks():
-            if not isinstance(block, (*allowed, RedactedThinkingBlock)):
+            if not isinstance(block, _ROLE_BLOCKS[self.role]):
                 raise ValueError(f"a {self.role} message cannot hold a {block.type} block")
         return self
 
@@ -154,9 +164,11 @@ class MessageIn(BaseModel):
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """The chat's messages this one becomes: a user's tool results, then its text; an
-        assistant's text with its calls and thinking."""
+        assistant's text with its calls and thinking; a system message's text."""
         blocks = self.blocks()
         texts = [block.text for block in blocks if isinstance(block, TextBlock)]
+        if self.role == "system":
+            return [{"role": "system", "content": "\n".join(texts)}]
         if self.role == "user":
             results = [block.as_dict() for block in blocks if isinstance(block, ToolResultBlock)]
             return [*results, {"role": "user", "content": "\n".join(texts)}] if texts or not results else results
@@ -203,6 +215,44 @@ class ThinkingIn(BaseModel):
     budget_tokens: int | None = Field(None, ge=1)
 
 
+class ThinkingTurns(BaseModel):
+    type: Literal["thinking_turns"]
+    value: int = Field(ge=0)
+
+
+class ClearThinkingIn(BaseModel):
+    """``context_management``'s clear_thinking edit (which Claude Code sends): the thinking of
+    all but the last ``keep`` assistant turns is left out of the prompt ("all": none is)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"] | ThinkingTurns = ThinkingTurns(type="thinking_turns", value=1)  # Anthropic's default
+
+
+class ContextManagementIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    edits: list[ClearThinkingIn] = []
+
+    @field_validator("edits", mode="before")
+    @classmethod
+    def _known_edits(cls, edits: Any) -> Any:
+        for edit in edits if isinstance(edits, list) else []:
+            kind = edit.get("type") if isinstance(edit, dict) else None
+            if kind != "clear_thinking_20251015":
+                raise ValueError(
+                    f"context_management edits of type {kind!r} are not supported: this server clears "
+                    "thinking (clear_thinking_20251015); send the tool results the model should read"
+                )
+        return edits
+
+    def kept_thinking(self) -> int | None:
+        """How many of the last thinking turns the prompt keeps (None: all)."""
+        turns = [edit.keep.value for edit in self.edits if isinstance(edit.keep, ThinkingTurns)]
+        return min(turns) if turns else None
+
+
 class OutputFormat(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -234,6 +284,7 @@ class MessagesChat(ToolsRequest):
     system: str | list[TextBlock] | None = None
     thinking: ThinkingIn | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagementIn | None = None
     metadata: dict[str, Any] | None = None
     service_tier: Literal["auto", "standard_only"] | None = None  # one tier here
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's and SGLang's, as on the chat
@@ -279,8 +330,9 @@ class MessagesChat(ToolsRequest):
         )
 
     def _read(self) -> tuple[list[dict[str, Any]], list[PromptPin]]:
-        """The chat, and the pins its cache_control asks for (each at the end of its message; a
-        tool's with the first message, in whose turn templates write the tools)."""
+        """The chat (its thinking cleared as ``context_management`` asks), and the pins its
+        cache_control asks for (each at the end of its message; a tool's with the first message,
+        in whose turn templates write the tools)."""
         said = [{"role": "system", "content": joined(self.system)}] if self.system else []
         heads = (last_marker(self.tools or []), last_marker(self.system if isinstance(self.system, list) else []))
         pins = [PromptPin(marker.ttl, 1) for marker in heads if marker is not None]
@@ -289,6 +341,11 @@ class MessagesChat(ToolsRequest):
             marker = last_marker(message.blocks())
             if marker is not None:
                 pins.append(PromptPin(marker.ttl, len(said)))
+        kept = self.context_management.kept_thinking() if self.context_management else None
+        if kept is not None:
+            thoughtful = [m for m in said if "reasoning_content" in m]
+            for m in thoughtful[: max(len(thoughtful) - kept, 0)]:
+                del m["reasoning_content"]
         return said, pins
 
     def chat_input(self) -> dict[str, Any]:
@@ -321,6 +378,11 @@ class MessagesIn(MessagesChat):
 
     def sampling(self) -> SamplingParamsIn:
         return self._sampling(self.max_tokens)
+
+    def protocol_sampling(self) -> SamplingParams:
+        """``max_tokens`` as a default: Anthropic's clients ask for their models' whole output
+        (Claude Code 32,000), which gives way to the room the prompt leaves in the context."""
+        return self._sampling(None).to_protocol(self.max_tokens)
 
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}

@@ -141,7 +141,7 @@ def _requests(
 ) -> list[GenerateRequest]:
     """``n`` requests per input, input-major, with distinct ids; ``prompt_logprobs``: the
     prompts' tokens scored too."""
-    sampling = body.sampling().to_protocol(body.default_max_tokens)
+    sampling = body.protocol_sampling()
     rids = derive_rids(body.rid, len(inputs) * body.n)
     return [
         GenerateRequest(

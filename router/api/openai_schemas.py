@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixcluster.protocol import PromptPin
+from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
@@ -225,6 +225,11 @@ class OpenAIRequest(BaseModel):
     def sampling(self) -> SamplingParamsIn:
         """The request's sampling parameters in SGLang's terms (each endpoint has its own)."""
         raise NotImplementedError
+
+    def protocol_sampling(self) -> SamplingParams:
+        """The router's sampling parameters: a limit left out is the endpoint's default, which
+        the router lowers to the room the prompt leaves."""
+        return self.sampling().to_protocol(self.default_max_tokens)
 
     def pins(self) -> list[PromptPin]:
         """The prefixes its ``cache_control`` fields ask to pin."""

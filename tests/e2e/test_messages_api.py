@@ -5,12 +5,17 @@ Anthropic's shape."""
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterator
+
 import anthropic
 import openai
 import pytest
 import requests
 
 from support.api_helpers import TIMEOUT_S, post
+from support.servers import ServerHandle, launch_server
 
 pytestmark = pytest.mark.slow
 
@@ -161,8 +166,15 @@ def test_errors_come_in_anthropics_shape(server, client):
     }
     missing = post(server, "/v1/messages", {"model": "any", "messages": QUESTION})
     assert missing.status_code == 400 and missing.json()["error"]["message"] == "max_tokens: Field required"
-    too_long = post(server, "/v1/messages", {"model": "any", "max_tokens": 10**6, "messages": QUESTION})
+    # a prompt over the context is refused in Anthropic's words, which Claude Code reads to compact
+    too_long = post(
+        server,
+        "/v1/messages",
+        {"model": "any", "max_tokens": 1, "messages": [{"role": "user", "content": "word " * 9000}]},
+    )
     assert too_long.status_code == 400 and too_long.json()["error"]["type"] == "invalid_request_error"
+    counts = re.match(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", too_long.json()["error"]["message"])
+    assert counts is not None and int(counts[1]) > int(counts[2]) == 8191
     unknown = post(server, "/v1/messages/batches", {})
     assert unknown.status_code == 404 and unknown.json() == {
         "type": "error",
@@ -174,6 +186,13 @@ def test_errors_come_in_anthropics_shape(server, client):
     assert "type" not in post(server, "/v1/chat/completions", {"messages": []}).json()
 
 
+def test_max_tokens_past_the_context_gives_way_to_the_room_the_prompt_leaves(client):
+    """Anthropic's clients ask their models' whole output (Claude Code: 32,000 tokens, 4x this
+    model's context): the limit is lowered to what the context leaves, not refused."""
+    message = client.messages.create(model="any", max_tokens=10**6, messages=QUESTION, **GREEDY)
+    assert message.stop_reason == "end_turn" and message.content[0].text
+
+
 def test_max_tokens_0_warms_the_cache_and_answers_nothing(client):
     system = "You plan walking tours of Norwegian fjords; be concrete about distances. " * 6
     warmed = client.messages.create(model="any", max_tokens=0, system=system, messages=QUESTION)
@@ -181,3 +200,79 @@ def test_max_tokens_0_warms_the_cache_and_answers_nothing(client):
     assert warmed.usage.cache_read_input_tokens < 8  # at most the template's opening, which every chat has
     asked = client.messages.create(model="any", max_tokens=1, system=system, messages=QUESTION)
     assert asked.usage.cache_read_input_tokens == prompt_tokens(warmed.usage) - 1
+
+
+# the first request of Claude Code 2.1.197 (`claude -p "Say hi"`), its texts and tools shortened:
+# billing header, cache_control on system and user blocks, a system message mid-conversation,
+# adaptive thinking, context_management, output_config's effort, metadata, 32,000 max_tokens
+CLAUDE_CODE_REQUEST = {
+    "model": "claude-sonnet-4-6",
+    "max_tokens": 32000,
+    "stream": True,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.123; cc_entrypoint=sdk-cli;"},
+        {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
+        {
+            "type": "text",
+            "text": "You help users with software engineering tasks.",
+            "cache_control": {"type": "ephemeral"},
+        },
+    ],
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>\nToday's date is 2026-12-06.\n</system-reminder>\n"},
+                {"type": "text", "text": "Say hi", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
+        {"role": "system", "content": "Available agent types for the Agent tool:\n- Explore: read-only search"},
+    ],
+    "tools": [
+        {
+            "name": "Bash",
+            "description": "Executes a given bash command.",
+            "input_schema": {
+                "$schema": "https://json-schema.org/draft/2020-12/schema",
+                "type": "object",
+                "properties": {"command": {"description": "The command to execute", "type": "string"}},
+                "required": ["command"],
+                "additionalProperties": False,
+            },
+        }
+    ],
+    "metadata": {"user_id": json.dumps({"device_id": "0" * 64, "account_uuid": "", "session_id": "s"})},
+    "thinking": {"type": "adaptive"},
+    "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+    "output_config": {"effort": "high"},
+}
+CLAUDE_CODE_HEADERS = {
+    "x-api-key": "none",
+    "anthropic-version": "2023-06-01",
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+}
+
+
+@pytest.fixture(scope="module")
+def parsing_server() -> Iterator[ServerHandle]:
+    """A server that reads the model's own tool calls, as a tool-using agent needs."""
+    with launch_server("--tool-call-parser", "hermes") as handle:
+        yield handle
+
+
+def test_a_claude_code_request_streams_its_answer(parsing_server, server):
+    # 48 tokens, not 32,000 (lowered to the context's room: minutes of a 135M model's rambling;
+    # the lowering is tested above)
+    body = {**CLAUDE_CODE_REQUEST, "max_tokens": 48}
+    url = parsing_server.url + "/v1/messages?beta=true"
+    with requests.post(url, json=body, headers=CLAUDE_CODE_HEADERS, stream=True, timeout=TIMEOUT_S) as resp:
+        assert resp.status_code == 200, resp.text
+        frames = [json.loads(line[6:]) for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert frames[0]["type"] == "message_start" and frames[-1]["type"] == "message_stop"
+    text = "".join(f["delta"].get("text", "") for f in frames if f["type"] == "content_block_delta")
+    ended = frames[-2]
+    assert text and ended["delta"]["stop_reason"] in ("end_turn", "max_tokens")
+    assert 0 < ended["usage"]["output_tokens"] <= 48
+    # without --tool-call-parser, the model's calls cannot be read: refused in this API's names
+    refused = requests.post(server.url + "/v1/messages", json=body, headers=CLAUDE_CODE_HEADERS, timeout=TIMEOUT_S)
+    assert refused.status_code == 400 and '{"type": "any"}' in refused.json()["error"]["message"]

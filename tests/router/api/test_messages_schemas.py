@@ -219,7 +219,15 @@ def test_cache_control_pins_the_chat_to_the_end_of_its_message():
             {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
             "a user message cannot hold a tool_use block",
         ),
-        ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
+        (
+            {"messages": [{"role": "system", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
+            "a system message cannot hold a tool_result block",
+        ),
+        (
+            {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "edits of type 'clear_tool_uses_20250919' are not supported",
+        ),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "Anthropic's own tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "not among the tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "tool_choice of type 'sometimes'"),
@@ -243,3 +251,41 @@ def test_count_tokens_reads_the_conversation_without_max_tokens():
         {"model": "m", "system": "Be brief.", "messages": [{"role": "user", "content": "Hi"}]}
     )
     assert [m["role"] for m in body.chat_input()["messages"]] == ["system", "user"]
+
+
+def test_a_system_message_mid_conversation_and_cleared_thinking():
+    """What Claude Code sends: a system message after the user's, and context_management's
+    clear_thinking, which leaves out the thinking of all but the last turns it keeps."""
+
+    def thought(n: int) -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": f"T{n}"}, {"type": "text", "text": f"A{n}"}],
+        }
+
+    turns = [
+        {"role": "user", "content": "Q1"},
+        {"role": "system", "content": [{"type": "text", "text": "Agents: Explore"}]},
+        thought(1),
+        {"role": "user", "content": "Q2"},
+        thought(2),
+        {"role": "user", "content": "Q3"},
+    ]
+
+    def thinking(keep: Any) -> list[str | None]:
+        edits = [{"type": "clear_thinking_20251015", **({} if keep is None else {"keep": keep})}]
+        chat = request(messages=turns, context_management={"edits": edits}).chat_input()["messages"]
+        return [m.get("reasoning_content") for m in chat if m["role"] == "assistant"]
+
+    chat = request(messages=turns).chat_input()["messages"]
+    assert chat[1] == {"role": "system", "content": "Agents: Explore"}
+    assert thinking("all") == ["T1", "T2"]
+    assert thinking(None) == [None, "T2"]  # Anthropic's default: the last turn's
+    assert thinking({"type": "thinking_turns", "value": 0}) == [None, None]
+
+
+def test_max_tokens_gives_way_to_the_room_the_prompt_leaves():
+    """Claude Code asks 32,000 tokens: the router lowers the limit to what the context leaves,
+    as it lowers a default."""
+    sampling = request(max_tokens=32000, messages=[{"role": "user", "content": "Hi"}]).protocol_sampling()
+    assert (sampling.max_new_tokens, sampling.max_new_tokens_is_default) == (32000, True)
