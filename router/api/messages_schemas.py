@@ -302,8 +302,9 @@ class MessagesChat(ToolsRequest):
         data = dict(data)
         if data.get("stop_sequences") is not None:
             data["stop"] = data.pop("stop_sequences")
-        if data.get("output_format") is not None:  # the structured outputs beta's name
-            data["output_config"] = {**(data.get("output_config") or {}), "format": data.pop("output_format")}
+        config = data.get("output_config")
+        if data.get("output_format") is not None and isinstance(config, dict | None):  # the beta's name
+            data["output_config"] = {**(config or {}), "format": data.pop("output_format")}
         choice = data.get("tool_choice")
         if isinstance(choice, dict):
             data["tool_choice"], parallel = _chat_tool_choice(choice)
@@ -394,6 +395,6 @@ def _chat_tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
     parallel = False if choice.get("disable_parallel_tool_use") else None
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}, parallel
-    if kind not in _CHOICES:
+    if not isinstance(kind, str) or kind not in _CHOICES:
         raise ValueError(f'tool_choice of type {kind!r}: give "auto", "any", "tool" (with a name) or "none"')
     return _CHOICES[kind], parallel

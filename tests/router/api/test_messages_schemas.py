@@ -231,6 +231,9 @@ def test_cache_control_pins_the_chat_to_the_end_of_its_message():
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "Anthropic's own tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "not among the tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "tool_choice of type 'sometimes'"),
+        # values of the wrong type where a before-validator reads them (a TypeError was a 500)
+        ({"tools": [WEATHER], "tool_choice": {"type": ["any"]}}, "tool_choice of type \\['any'\\]"),
+        ({"output_config": 5, "output_format": {"type": "json_schema", "schema": {}}}, "output_config"),
         ({"tools": [WEATHER, WEATHER]}, "a name of its own"),
         (
             {"thinking": {"type": "enabled", "budget_tokens": 16}},
