@@ -10,6 +10,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -300,12 +301,17 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
     model = ctx.config.served_model_name
 
     card = {"id": model, "object": "model", "created": ctx.created, "owned_by": "radixcluster", "root": model}
+    # Anthropic's fields of the same card, for its SDK's models.list and models.retrieve
+    created_at = datetime.fromtimestamp(ctx.created, timezone.utc).isoformat().replace("+00:00", "Z")
+    card |= {"type": "model", "display_name": model, "created_at": created_at, "lifecycle": "active"}
     if ctx.config.context_length is not None:
         card["max_model_len"] = ctx.config.context_length  # vLLM's field: what a prompt and its output may take
+        card["max_input_tokens"] = ctx.config.context_length - 1  # Anthropic's: the longest prompt
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card]}
+        # Anthropic's page fields beside OpenAI's list: one page
+        return {"object": "list", "data": [card], "has_more": False, "first_id": model, "last_id": model}
 
     @router.get("/v1/models/{name:path}")
     async def model_card(name: str) -> dict[str, Any]:

@@ -276,3 +276,13 @@ def test_a_claude_code_request_streams_its_answer(parsing_server, server):
     # without --tool-call-parser, the model's calls cannot be read: refused in this API's names
     refused = requests.post(server.url + "/v1/messages", json=body, headers=CLAUDE_CODE_HEADERS, timeout=TIMEOUT_S)
     assert refused.status_code == 400 and '{"type": "any"}' in refused.json()["error"]["message"]
+
+
+def test_the_model_list_reads_as_anthropics_too(client, chat):
+    """/v1/models carries Anthropic's card fields beside OpenAI's, for its SDK's models calls."""
+    (card,) = client.models.list().data
+    assert card.id == chat.models.list().data[0].id and card.type == "model"
+    assert card.display_name == card.id and card.created_at.year >= 2026 and card.lifecycle == "active"
+    assert client.models.retrieve(card.id).max_input_tokens == 8191
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("claude-opus-4-5")
