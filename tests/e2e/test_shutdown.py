@@ -11,6 +11,7 @@ import concurrent.futures
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -20,11 +21,18 @@ import requests
 from radixcluster.process_tree import descendants
 from support.api_helpers import TIMEOUT_S, assert_error
 from support.servers import free_port, launch_server, radixcluster_command
-from support.streams import finished_normally, started_streams, wait_gone
+from support.streams import finished_normally, sse_stream, started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
 KEY = "key-from-the-environment"
+ENDLESS_MESSAGE = {
+    "model": "any",
+    "max_tokens": 4000,
+    "messages": [{"role": "user", "content": "Count slowly."}],
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
@@ -34,9 +42,12 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
         for pid in tree | {srv.process.pid}:
             assert KEY not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         assert_error(requests.get(srv.url + "/v1/models", timeout=TIMEOUT_S), 401)
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
             endless = started_streams(srv, pool, [4000])
             short = started_streams(srv, pool, [4, 4, 4])
+            message_started = threading.Event()
+            endless_message = pool.submit(sse_stream, srv, "/v1/messages", ENDLESS_MESSAGE, message_started)
+            assert message_started.wait(TIMEOUT_S)
             srv.process.send_signal(signal.SIGTERM)
             # readiness and new requests see the drain at once; running requests go on
             while requests.get(srv.url + "/health", timeout=TIMEOUT_S).status_code == 200:
@@ -50,6 +61,13 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
             # the endless one runs to --shutdown-timeout, then ends with an explicit error
             last = endless[0].result()
             assert last[-1] == "[DONE]" and last[-2]["error"]["code"] == 503
+            # and an Anthropic client's, with Anthropic's error event; a new message is refused so too
+            stopped = {"type": "error", "error": {"type": "overloaded_error", "message": "the server is shutting down"}}
+            assert endless_message.result()[-1] == stopped
+            late = requests.post(
+                srv.url + "/v1/messages", json=ENDLESS_MESSAGE, headers=srv.headers(), timeout=TIMEOUT_S
+            )
+            assert late.status_code == 503 and late.json() == stopped
         assert srv.process.wait(timeout=120) == 0
         assert wait_gone(tree, 10) == set()
 

@@ -16,16 +16,16 @@ from support.servers import ServerHandle
 
 
 def stream(server: ServerHandle, text: str, max_new_tokens: int, started: threading.Event) -> list:
-    """A stream's events, read to the end; ``started`` is set at its first event."""
+    """A native stream's events, read to the end; ``started`` is set at its first event."""
     params = {**GREEDY, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    return sse_stream(server, "/generate", {"text": text, "sampling_params": params, "stream": True}, started)
+
+
+def sse_stream(server: ServerHandle, path: str, body: dict, started: threading.Event) -> list:
+    """The events of the stream ``body`` asks ``path`` for, read to the end (``[DONE]`` as a
+    string); ``started`` is set at its first event."""
     events = []
-    with requests.post(
-        server.url + "/generate",
-        json={"text": text, "sampling_params": params, "stream": True},
-        headers=server.headers(),
-        stream=True,
-        timeout=TIMEOUT_S,
-    ) as resp:
+    with requests.post(server.url + path, json=body, headers=server.headers(), stream=True, timeout=TIMEOUT_S) as resp:
         assert resp.status_code == 200, resp.text
         for line in resp.iter_lines(decode_unicode=True):
             if line.startswith("data: "):
