@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import pytest
 import requests
 
@@ -344,6 +345,27 @@ def test_a_pin_draws_its_prefix_tenants_stay_apart_and_evict_frees_it(cluster) -
         with contextlib.suppress(OSError):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             assert ADMIN_KEY.encode() not in cmdline and API_KEY.encode() not in cmdline
+
+
+def test_a_tenants_anthropic_client_is_its_tenant_through_the_gateway(cluster) -> None:
+    """The Anthropic SDK sends its key as x-api-key: the gateway reads the tenant from it (its
+    prediction salted so), passes it on, and the cache's reads come back in Anthropic's usage."""
+    alpha_key, beta_key = list(TENANT_KEYS)
+    system = "Tenant handbook: every answer cites the section it comes from, by its number. " * 5
+
+    def ask(key: str, question: str) -> dict:
+        client = anthropic.Anthropic(base_url=cluster.url, api_key=key, timeout=120, max_retries=0)
+        raw = client.messages.with_raw_response.create(
+            model="any", max_tokens=1, system=system, messages=[{"role": "user", "content": question}]
+        )
+        return raw.http_response.json()["usage"]
+
+    first = ask(alpha_key, "Where is the index?")
+    again = ask(alpha_key, "Where is the glossary?")
+    assert again["replica"] == first["replica"]
+    assert again["cache_read_input_tokens"] == again["predicted_cached_tokens"] > 50
+    other = ask(beta_key, "Where is the glossary?")  # another tenant's namespace holds none of it
+    assert other["cache_read_input_tokens"] == other["predicted_cached_tokens"] < 10
 
 
 def test_the_admin_pins_for_a_tenant_and_the_tenants_requests_go_where_it_is(cluster) -> None:
