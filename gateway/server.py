@@ -29,6 +29,7 @@ from radixcluster.model_config import load_model_config
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import BoundedHeadProtocol
+from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def create_app(config: GatewayConfig) -> ASGIApp:
     app.include_router(gateway_routes(ctx))
     app.include_router(gateway_cache_routes(ctx))
     app.include_router(gateway_profile_routes(ctx))
-    served = FastPath(ctx, app)
+    served = Invocations(FastPath(ctx, app), config.max_body_bytes)  # SageMaker's call goes the fast path
     if config.api_key or config.tenant_keys:
         # outermost: the fast path and FastAPI's routes see the same tenant (current_tenant)
         return BearerAuth(

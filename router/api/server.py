@@ -24,6 +24,7 @@ from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
 from radixcluster.router.api.errors import error_response, install_error_handlers
 from radixcluster.router.api.http_protocol import BoundedHeadProtocol
+from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.api.messages_routes import messages_routes
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
@@ -82,6 +83,8 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(messages_routes(ctx))
     app.include_router(cluster_routes(ctx))
     app.include_router(cache_routes(ctx))
+    # inside the auth: a body is read only for a caller with a key
+    app.add_middleware(Invocations, max_body_bytes=config.max_body_bytes)
     if config.api_key or config.tenant_keys:
         app.add_middleware(
             BearerAuth,

@@ -42,6 +42,7 @@ def test_health_needs_no_key(secured):
         ("POST", "/flush_cache"),
         ("POST", "/start_profile"),
         ("POST", "/stop_profile"),
+        ("POST", "/invocations"),
     ],
 )
 def test_requests_without_the_key_are_refused(secured, headers, method, path):

@@ -105,6 +105,15 @@ def test_anthropic_messages_are_relayed_with_their_events_and_the_prediction(ser
     assert refused.status_code == 400 and refused.json()["type"] == "error"
 
 
+def test_sagemakers_invocations_go_the_fast_path(servers) -> None:
+    replica, gateway = servers
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    direct, through = (post(s, "/invocations", chat).json() for s in servers)
+    assert through["choices"][0]["message"] == direct["choices"][0]["message"]
+    assert through["usage"]["replica"] == replica.url and "predicted_cached_tokens" in through["usage"]
+    assert post(gateway, "/invocations", {"input": "Hi"}).status_code == 400
+
+
 def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -> None:
     replica, gateway = servers
     tokenizer = load_tokenizer(model_path)

@@ -653,3 +653,21 @@ def test_the_responses_api_answers_as_the_chat_does(client, model, server):
     # refused at once, a stream is still the HTTP error, before any event
     too_long = post(server, "/v1/responses", {"input": "word " * 9000, "stream": True})
     assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]
+
+
+def test_sagemakers_invocations_serve_a_chat_or_a_completion_as_vllm_does(server, client, model):
+    """POST /invocations (with /ping, SageMaker's contract): the body says which call it is."""
+    chat = {"model": model, "messages": QUESTION, "max_tokens": 8, "temperature": 0}
+    direct = client.chat.completions.create(**chat).choices[0].message.content
+    invoked = post(server, "/invocations", chat).json()
+    assert invoked["object"] == "chat.completion" and invoked["choices"][0]["message"]["content"] == direct
+    completion = {"model": model, "prompt": "One, two, three,", "max_tokens": 4, "temperature": 0}
+    assert post(server, "/invocations", completion).json()["choices"][0]["text"] == (
+        client.completions.create(**completion).choices[0].text
+    )
+    with post(server, "/invocations", {**chat, "stream": True}, stream=True) as resp:
+        frames = [line for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]" and '"chat.completion.chunk"' in frames[0]
+    refused = post(server, "/invocations", {"input": "Hi"})
+    assert refused.status_code == 400 and "a chat (a JSON object with messages)" in refused.json()["error"]["message"]
+    assert "messages" in post(server, "/invocations", {"messages": []}).json()["error"]["message"]
