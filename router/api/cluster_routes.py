@@ -30,9 +30,10 @@ def cluster_routes(ctx: ApiContext) -> APIRouter:
     @router.get("/load")
     async def load() -> dict[str, Any]:
         """Requests and prompt tokens still to compute, and the last tree event published (its
-        number is None when the router publishes none)."""
+        number is None when the router publishes none); and vLLM's ``server_load``, the
+        generations this api has in flight, which load balancers that know vLLM poll."""
         stats = await ctx.client.control("stats")
-        return {key: stats.get(key) for key in LOAD_KEYS}
+        return {**{key: stats.get(key) for key in LOAD_KEYS}, "server_load": ctx.client.in_flight}
 
     @router.get("/get_load")
     async def get_load() -> list[dict[str, int]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import requests
@@ -118,9 +119,14 @@ def test_get_load_as_sglangs_router_polls_it(server):
         (busy,) = get(server, "/get_load").json()
         assert busy["dp_rank"] == 0 and busy["num_reqs"] >= 1 and busy["num_tokens"] > 0
         assert busy["num_reqs"] >= busy["num_waiting_reqs"] >= 0
+        assert get(server, "/load").json()["server_load"] == 1  # vLLM's name for the same
         assert post(server, "/abort_request", {"abort_all": True}).status_code == 200
     # nothing running or waiting: no request, and no token but what the tree holds (evictable)
     assert get(server, "/get_load").json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    deadline = time.monotonic() + 30  # the api ends the aborted generation when its last output comes
+    while get(server, "/load").json()["server_load"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert get(server, "/load").json()["server_load"] == 0
 
 
 def test_model_card_by_id(server):
