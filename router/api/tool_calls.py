@@ -106,9 +106,14 @@ class ChatToolCalls:
     choice: ToolChoice | None
     names: frozenset[str] = frozenset()
     format: ToolCallFormat | None = None
+    # the request's parallel_tool_calls: false keeps the first of the calls the model wrote
+    # (as vLLM does: what is generated is the model's; a forced call's schema allows one)
+    parallel: bool = True
 
     @classmethod
-    def of(cls, tools: list[ToolIn] | None, choice: ToolChoice | None, parser: str | None) -> ChatToolCalls:
+    def of(
+        cls, tools: list[ToolIn] | None, choice: ToolChoice | None, parser: str | None, parallel: bool = True
+    ) -> ChatToolCalls:
         """ValueError (a 400) for "auto" without a parser: the model's calls could not be read."""
         names = frozenset(t.function.name for t in tools or [])
         if choice != "auto" and not (choice is None and names):  # OpenAI's default with tools: "auto"
@@ -120,7 +125,7 @@ class ChatToolCalls:
                 '{"type": "function", "function": {"name": ...}} to have a call generated under the tools\' '
                 'JSON schema, or "none"'
             )
-        return cls("auto", names, TOOL_CALL_FORMATS[parser])
+        return cls("auto", names, TOOL_CALL_FORMATS[parser], parallel)
 
     @property
     def forced(self) -> bool:
@@ -138,7 +143,8 @@ class ChatToolCalls:
         if parsed is None:
             return text, None
         before, read = parsed
-        calls = [_call(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in read]
+        kept = read if self.parallel else read[:1]
+        calls = [_call(name, json.dumps(arguments, ensure_ascii=False)) for name, arguments in kept]
         return before or None, calls
 
     def releasable(self, text: str) -> int:

@@ -104,6 +104,17 @@ def test_auto_reads_the_calls_the_model_wrote_after_its_text() -> None:
     assert forced.forced and forced.releasable('[{"name": "now"') == 0
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call_the_model_wrote() -> None:
+    """As vLLM reads it with "auto": the calls after the first are left out."""
+    two = "".join(
+        f'<tool_call>{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}</tool_call>'
+        for city in ("Oslo", "Rome")
+    )
+    assert len(ChatToolCalls.of(chat().tools, None, "qwen25").answer(two)[1]) == 2
+    content, (call,) = ChatToolCalls.of(chat().tools, None, "qwen25", parallel=False).answer(two)
+    assert content is None and call["function"]["arguments"] == '{"city": "Oslo"}'
+
+
 def test_auto_and_none_force_nothing() -> None:
     assert chat(tool_choice="none").tool_schema() is None
     assert chat(tool_choice="none").sampling().json_schema is None
