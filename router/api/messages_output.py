@@ -53,7 +53,9 @@ class MessageView:
         if calls:
             return MessageAnswer(texts, calls, "tool_use")
         if gen.finish_type == "length":
-            return MessageAnswer(texts, calls, "max_tokens")
+            # short of max_tokens: the limit was lowered to the room the context left
+            asked = gen.completion_tokens >= self.body.max_tokens
+            return MessageAnswer(texts, calls, "max_tokens" if asked else "model_context_window_exceeded")
         if isinstance(matched, str):
             return MessageAnswer(texts, calls, "stop_sequence", matched)
         return MessageAnswer(texts, calls)

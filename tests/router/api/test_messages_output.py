@@ -28,7 +28,7 @@ READER = ChatAnswerReader(ChatToolCalls.of(BODY.tools, None, "hermes"), REASONIN
 TEXT = '<think>Noon?</think>Let me look.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
 
 
-def generation(text: str, finished: bool = True, **reason: object) -> Generation:
+def generation(text: str, finished: bool = True, completion_tokens: int = 9, **reason: object) -> Generation:
     return Generation(
         rid="r",
         text=text,
@@ -36,7 +36,7 @@ def generation(text: str, finished: bool = True, **reason: object) -> Generation
         finish_reason=(reason or {"type": "stop"}) if finished else None,
         prompt_tokens=20,
         cached_tokens=12,
-        completion_tokens=9,
+        completion_tokens=completion_tokens,
     )
 
 
@@ -66,11 +66,13 @@ def test_thinking_text_and_calls_are_blocks_in_that_order():
         ({"type": "stop", "matched": 2}, "end_turn", None),  # the EOS token
         ({"type": "stop", "matched": "END"}, "stop_sequence", "END"),
         ({"type": "length", "length": 64}, "max_tokens", None),
+        # 9 tokens of the 64 asked: the context had no more room (Claude Code says so, not "resume")
+        ({"type": "length", "length": 9}, "model_context_window_exceeded", None),
     ],
 )
 def test_the_stop_reason_says_what_ended_the_answer(reason, stop_reason, stop_sequence):
     view = MessageView(BODY, "m", READER)
-    answer = view.read(generation("Plain words.", **reason))
+    answer = view.read(generation("Plain words.", completion_tokens=reason.get("length", 9), **reason))
     assert (answer.texts, answer.stop_reason, answer.stop_sequence) == (
         {"text": "Plain words."},
         stop_reason,
@@ -79,8 +81,8 @@ def test_the_stop_reason_says_what_ended_the_answer(reason, stop_reason, stop_se
 
 
 def test_an_empty_answer_has_no_blocks_and_an_abort_is_an_error():
-    view = MessageView(BODY, "m", READER)
-    empty = generation("", type="length", length=0)  # max_tokens 0: the prompt cached, nothing said
+    view = MessageView(BODY.model_copy(update={"max_tokens": 0}), "m", READER)
+    empty = generation("", completion_tokens=0, type="length", length=0)  # the prompt cached, nothing said
     assert view.message(empty, view.read(empty))["content"] == [] and view.read(empty).stop_reason == "max_tokens"
     with pytest.raises(ApiError, match="aborted: stopped by the admin") as raised:
         view.read(generation("Half", type="abort", message="stopped by the admin"))
