@@ -246,6 +246,7 @@ CLAUDE_CODE_REQUEST = {
     "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
     "output_config": {"effort": "high"},
 }
+SMALL_CONTEXT = 320
 CLAUDE_CODE_HEADERS = {
     "x-api-key": "none",
     "anthropic-version": "2023-06-01",
@@ -255,8 +256,9 @@ CLAUDE_CODE_HEADERS = {
 
 @pytest.fixture(scope="module")
 def parsing_server() -> Iterator[ServerHandle]:
-    """A server that reads the model's own tool calls, as a tool-using agent needs."""
-    with launch_server("--tool-call-parser", "hermes") as handle:
+    """A server that reads the model's own tool calls, as a tool-using agent needs; its context
+    small, so that an answer meets it soon."""
+    with launch_server("--tool-call-parser", "hermes", "--context-length", str(SMALL_CONTEXT)) as handle:
         yield handle
 
 
@@ -286,3 +288,15 @@ def test_the_model_list_reads_as_anthropics_too(client, chat):
     assert client.models.retrieve(card.id).max_input_tokens == 8191
     with pytest.raises(anthropic.NotFoundError):
         client.models.retrieve("claude-opus-4-5")
+
+
+def test_an_answer_the_context_stops_says_so(parsing_server):
+    """32,000 tokens asked of a 320-token context: the answer runs to the context's end and its
+    stop reason is Anthropic's model_context_window_exceeded, not max_tokens."""
+    body = {**CLAUDE_CODE_REQUEST, "stream": False, "ignore_eos": True}
+    resp = requests.post(parsing_server.url + "/v1/messages", json=body, headers=CLAUDE_CODE_HEADERS, timeout=TIMEOUT_S)
+    assert resp.status_code == 200, resp.text
+    message = resp.json()
+    usage = message["usage"]
+    assert message["stop_reason"] == "model_context_window_exceeded"
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["output_tokens"] == SMALL_CONTEXT
