@@ -206,8 +206,8 @@ class MessagesToolIn(ToolIn):
 
 class ThinkingIn(BaseModel):
     """``thinking``: whether the model thinks first (the template's ``enable_thinking``, which
-    thinking models' templates read). ``budget_tokens`` guides, as Anthropic's does; the thinking
-    counts within ``max_tokens``."""
+    thinking models' templates read). ``budget_tokens`` is checked against ``max_tokens``, within
+    which the thinking counts; no served model reads a budget."""
 
     model_config = ConfigDict(extra="ignore")
 
