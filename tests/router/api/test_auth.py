@@ -1,4 +1,5 @@
-"""A cache-control call acting for a tenant: who may name one, and which."""
+"""A cache-control call acting for a tenant: who may name one, and which; and the key a request
+presents (Anthropic's clients send it as x-api-key)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextvars
 
 import pytest
 
-from radixcluster.router.api.auth import act_for_tenant, current_tenant
+from radixcluster.router.api.auth import act_for_tenant, current_tenant, presented_key
 from radixcluster.router.api.errors import ApiError
 
 TENANTS = ("alpha", "beta")
@@ -37,3 +38,16 @@ def test_a_tenant_cannot_act_for_another_and_an_unknown_tenant_is_a_400() -> Non
     with pytest.raises(ApiError) as unknown:
         acting(None, "gamma")
     assert unknown.value.status == 400 and "gamma" in str(unknown.value)
+
+
+@pytest.mark.parametrize(
+    "headers,presented",
+    [
+        ([(b"authorization", b"Bearer k1")], b"Bearer k1"),
+        ([(b"x-api-key", b"k2")], b"Bearer k2"),
+        ([(b"x-api-key", b"k2"), (b"authorization", b"Bearer k1")], b"Bearer k1"),  # Authorization first
+        ([(b"content-type", b"application/json")], b""),
+    ],
+)
+def test_the_key_a_request_presents(headers, presented) -> None:
+    assert presented_key(headers) == presented
