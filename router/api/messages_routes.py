@@ -30,16 +30,15 @@ async def _events(stream: AsyncIterator[Generation], view: MessageView) -> Async
     events = MessageEvents(view)
     for event in events.started(first):
         yield event
-    gen = first
-    while True:
-        if gen.finished:
-            for event in events.finished(gen, view.read(gen)):
-                yield event
-            return
+    gen: Generation | None = first
+    while gen is not None and not gen.finished:
         thought, answer = view.reader.streamable(gen.text)
         for event in events.text("thinking", thought) + events.text("text", answer):
             yield event
-        gen = await anext(stream)
+        gen = await anext(stream, None)  # None: it ended unfinished (then no message end is sent)
+    if gen is not None:
+        for event in events.finished(gen, view.read(gen)):
+            yield event
 
 
 def _reader(ctx: ApiContext, body: MessagesIn) -> ChatAnswerReader:
