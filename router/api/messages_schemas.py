@@ -19,9 +19,11 @@ from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
     JsonSchemaFormat,
+    ReasoningEffort,
     ResponseFormat,
     ToolsRequest,
     check_one_answer,
+    template_kwargs,
 )
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn, ToolName
 
@@ -261,12 +263,13 @@ class OutputFormat(BaseModel):
 
 
 class OutputConfig(BaseModel):
-    """``output_config``: the answer's JSON schema; ``effort`` has no model here to steer."""
+    """``output_config``: the answer's JSON schema, and the ``effort`` that reaches the template
+    as the chat's ``reasoning_effort`` does."""
 
     model_config = ConfigDict(extra="ignore")
 
     format: OutputFormat | None = None
-    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    effort: ReasoningEffort | None = None
 
 
 class MessagesChat(ToolsRequest):
@@ -351,13 +354,14 @@ class MessagesChat(ToolsRequest):
 
     def chat_input(self) -> dict[str, Any]:
         kwargs = dict(self.chat_template_kwargs or {})
-        if self.thinking is not None:
+        if self.thinking is not None:  # it decides enable_thinking before an effort would
             kwargs.setdefault("enable_thinking", self.thinking.type != "disabled")
+        effort = self.output_config.effort if self.output_config else None
         return {
             "messages": self._read()[0],
             "continue_final_message": self.prefilled,
             "tools": self.template_tools(),
-            "chat_template_kwargs": kwargs or None,
+            "chat_template_kwargs": template_kwargs(kwargs, effort),
         }
 
     def pins(self) -> list[PromptPin]:

@@ -403,6 +403,21 @@ class ToolsRequest(OpenAIRequest):
         return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
 
 
+# how hard a reasoning model thinks: OpenAI's names, and vLLM's beyond them
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+def template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[str, Any] | None:
+    """The chat template's own variables: the client's, and a reasoning effort passed on as vLLM
+    passes it (``reasoning_effort``, and ``enable_thinking`` unless it is "none"), which the
+    templates of thinking models read; the client's own variables win."""
+    kwargs = dict(given or {})
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+        kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs or None
+
+
 def check_one_answer(request: OpenAIRequest, answer: str) -> None:
     """A chat under another shape gives one ``answer`` (its ``n`` stays 1) to one prompt."""
     if request.n != 1:
@@ -429,6 +444,7 @@ class ChatCompletionIn(ToolsRequest):
     continue_final_message: bool = False
     # the template's own variables (SGLang's and vLLM's field), such as Qwen's enable_thinking
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     # SGLang's, with --reasoning-parser: the thinking apart from the answer, streamed as it comes
     separate_reasoning: bool = True
     stream_reasoning: bool = True
@@ -453,7 +469,7 @@ class ChatCompletionIn(ToolsRequest):
             "messages": [m.as_dict() for m in self.messages],
             "continue_final_message": self.continue_final_message,
             "tools": self.template_tools(),
-            "chat_template_kwargs": self.chat_template_kwargs,
+            "chat_template_kwargs": template_kwargs(self.chat_template_kwargs, self.reasoning_effort),
         }
 
     def sampling(self) -> SamplingParamsIn:

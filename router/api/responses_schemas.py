@@ -14,9 +14,11 @@ from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
     JsonSchemaFormat,
+    ReasoningEffort,
     ResponseFormat,
     ToolsRequest,
     check_one_answer,
+    template_kwargs,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
 
@@ -144,6 +146,15 @@ class TextFormat(BaseModel):
         return ResponseFormat(type=self.type, json_schema=schema)
 
 
+class ReasoningConfig(BaseModel):
+    """``reasoning``: its ``effort`` reaches the template as the chat's ``reasoning_effort`` does
+    (a summary of the thinking is not written: the thinking comes whole, with a reasoning parser)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    effort: ReasoningEffort | None = None
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -163,6 +174,7 @@ class ResponsesIn(ToolsRequest):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=0)
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     metadata: dict[str, str] | None = None
     # what else the output carries; of the API's options only the message's logprobs apply here
     include: list[str] | None = None
@@ -236,7 +248,12 @@ class ResponsesIn(ToolsRequest):
         return said
 
     def chat_input(self) -> dict[str, Any]:
-        return {"messages": self.messages(), "tools": self.template_tools()}
+        effort = self.reasoning.effort if self.reasoning else None
+        return {
+            "messages": self.messages(),
+            "tools": self.template_tools(),
+            "chat_template_kwargs": template_kwargs(None, effort),
+        }
 
     def response_tools(self) -> list[dict[str, Any]]:
         """The tools as the response object lists them (flat)."""

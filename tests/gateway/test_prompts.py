@@ -115,6 +115,14 @@ def test_a_chats_tools_and_template_kwargs_reach_its_template_as_they_reach_the_
     )
     assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, tools=tools)
     assert prompt.ids.tolist() != router_ids(tool_tokenizer, messages=messages, chat_template_kwargs=kwargs)
+    # a reasoning effort of "none" reaches the template as enable_thinking false, as vLLM passes it
+    effort = {"messages": messages, "tools": tools, "tool_choice": "required", "reasoning_effort": "none"}
+    (thinking_off,) = PromptReader(tool_tokenizer).read(CHAT, effort).prompts
+    off = {"enable_thinking": False, "reasoning_effort": "none"}
+    assert thinking_off.ids.tolist() == router_ids(
+        tool_tokenizer, messages=messages, tools=tools, chat_template_kwargs=off
+    )
+    assert thinking_off.ids.tolist() == prompt.ids.tolist()
     # the Responses API's flat tools and function-call items, read as the same chat
     calls = [{"type": "function_call", "call_id": "c1", "name": "now", "arguments": "{}"}]
     thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hm."}]}

@@ -153,7 +153,8 @@ def test_stop_sequences_thinking_and_the_output_format():
     sampling = body.sampling()
     assert (sampling.stop, sampling.top_k, sampling.temperature) == (["\n\n", "END"], 5, 0.3)
     assert sampling.json_schema == '{"type": "object"}'
-    assert body.chat_input()["chat_template_kwargs"] == {"enable_thinking": True}
+    # thinking decides enable_thinking; the effort reaches the template as the chat's reasoning_effort
+    assert body.chat_input()["chat_template_kwargs"] == {"enable_thinking": True, "reasoning_effort": "low"}
     beta = request(
         messages=[{"role": "user", "content": "Hi"}], output_format={"type": "json_schema", "schema": {"type": "array"}}
     )

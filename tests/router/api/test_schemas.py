@@ -455,3 +455,23 @@ def test_a_profile_body_takes_sglangs_defaults_and_bench_servings_strings():
     assert float(args["profile_id"]) > 0  # the time, as SGLang names a profile
     named = ProfileIn(profile_id="run", profile_prefix="exp", with_stack=False).router_args("/d")
     assert (named["profile_id"], named["prefix"], named["with_stack"]) == ("run", "exp-", False)
+
+
+def test_a_reasoning_effort_reaches_the_template_as_vllm_passes_it() -> None:
+    """The chat's reasoning_effort and the Responses API's reasoning.effort: the template's
+    reasoning_effort, and enable_thinking unless it is "none"; the client's own variables win."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+
+    def kwargs(**fields: object) -> object:
+        return ChatCompletionIn.model_validate({**chat, **fields}).chat_input()["chat_template_kwargs"]
+
+    assert kwargs() is None
+    assert kwargs(reasoning_effort="high") == {"reasoning_effort": "high", "enable_thinking": True}
+    assert kwargs(reasoning_effort="none") == {"reasoning_effort": "none", "enable_thinking": False}
+    own = {"enable_thinking": False, "reasoning_effort": "low"}
+    assert kwargs(reasoning_effort="high", chat_template_kwargs=own) == own
+    with pytest.raises(ValidationError, match="reasoning_effort"):
+        ChatCompletionIn.model_validate({**chat, "reasoning_effort": "extreme"})
+    response = ResponsesIn.model_validate({"input": "Hi", "reasoning": {"effort": "medium", "summary": "auto"}})
+    assert response.chat_input()["chat_template_kwargs"] == {"reasoning_effort": "medium", "enable_thinking": True}
+    assert ResponsesIn.model_validate({"input": "Hi"}).chat_input()["chat_template_kwargs"] is None
