@@ -150,7 +150,7 @@ class Forwarder:
             replica.request_passed()
             if content is None:
                 release = functools.partial(self.replicas.pool.release, replica.url, upstream)
-                return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage), dispatch, release)
+                return _RelayResponse(self._relay(upstream, dispatch, routed, forced_usage, path), dispatch, release)
             answered = time.perf_counter()
             dispatch.end()
             if upstream.status != 200:
@@ -207,7 +207,7 @@ class Forwarder:
         self.ledger.record(placement, report, sum(len(routed.prompts[i].ids) for i in firsts))
 
     async def _relay(
-        self, upstream: Exchange, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool
+        self, upstream: Exchange, dispatch: Dispatch, routed: RoutedRequest, forced_usage: bool, path: str
     ) -> AsyncGenerator[bytes, None]:
         """The replica's SSE frames, annotated, as they arrive."""
         placement = dispatch.placement
@@ -240,8 +240,7 @@ class Forwarder:
                     yield sse(chunk)
         except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
-            typed = routed.kind in CHAT_SHAPES  # an error event, and no [DONE]
-            path = "/v1/messages" if routed.kind == MESSAGES else ""  # whose clients read Anthropic's shape
+            typed = routed.kind in CHAT_SHAPES  # an error event (in the shape of the path's API), and no [DONE]
             yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed, path)
             if not typed:
                 yield SSE_DONE

@@ -11,10 +11,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.auth import holds_admin
-from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import refusable_call
-from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.messages_output import MessageEvents, MessageView
 from radixcluster.router.api.messages_schemas import MessagesChat, MessagesIn
@@ -41,21 +39,6 @@ async def _events(stream: AsyncIterator[Generation], view: MessageView) -> Async
             yield event
 
 
-def _reader(ctx: ApiContext, body: MessagesIn) -> ChatAnswerReader:
-    """The chat's reader of the answer; its one refusal (tools chosen by the model, with no
-    parser to read its calls) said in the Messages API's names."""
-    try:
-        return answer_reader(ctx, body)
-    except ApiError:
-        raise ApiError(
-            400,
-            'tool_choice "auto" (the default with tools) needs the server started with --tool-call-parser '
-            '(the model\'s format of tool calls); without one, send tool_choice {"type": "any"} or '
-            '{"type": "tool", "name": ...} to have a call generated under the tools\' input_schema, or '
-            '{"type": "none"}',
-        ) from None
-
-
 def messages_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
     model = ctx.config.served_model_name
@@ -66,7 +49,7 @@ def messages_routes(ctx: ApiContext) -> APIRouter:
         # cache_control is everyday use of this API: where pins are the admin's, the caller's
         # blocks are cached as any prompt is, not refused
         body._may_pin = holds_admin(ctx.config.admin_api_key, request)
-        view = MessageView(body, model, _reader(ctx, body))
+        view = MessageView(body, model, answer_reader(ctx, body))
         (stream,) = start_generations(ctx, request, body, [body.chat_input()])
         if body.stream:
             return await start_stream(request, _events(stream, view), typed=True)

@@ -19,10 +19,9 @@ from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
     JsonSchemaFormat,
+    OneAnswerRequest,
     ReasoningEffort,
     ResponseFormat,
-    ToolsRequest,
-    check_one_answer,
     template_kwargs,
 )
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn, ToolName
@@ -272,7 +271,7 @@ class OutputConfig(BaseModel):
     effort: ReasoningEffort | None = None
 
 
-class MessagesChat(ToolsRequest):
+class MessagesChat(OneAnswerRequest):
     """A Messages API conversation: what ``count_tokens`` reads, and the request without its
     output's fields. Its tools (``name``, ``description``, ``input_schema``) and ``tool_choice``
     (auto, any, tool, none) are read into the chat's."""
@@ -280,6 +279,11 @@ class MessagesChat(ToolsRequest):
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_MESSAGES
     response_format_field = "output_config.format"
+    answer = "a message"
+    forcing = (
+        '{"type": "any"} or {"type": "tool", "name": ...} to have a call generated under the tools\' '
+        'input_schema, or {"type": "none"}'
+    )
 
     messages: list[MessageIn] = Field(min_length=1)
     # the chat's tools, each read from Anthropic's shape (a list of a subclass: list is invariant)
@@ -314,11 +318,6 @@ class MessagesChat(ToolsRequest):
             if parallel is not None:
                 data["parallel_tool_calls"] = parallel
         return data
-
-    @model_validator(mode="after")
-    def _check_messages(self) -> MessagesChat:
-        check_one_answer(self, "a message")
-        return self
 
     @property
     def prefilled(self) -> bool:

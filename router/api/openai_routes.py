@@ -272,7 +272,9 @@ def answer_reader(
     """How the request's answer is read with the server's parsers; "auto" tool calls without a
     parser are a 400."""
     try:
-        tools = ChatToolCalls.of(body.tools, body.tool_choice, ctx.config.tool_call_parser, body.parallel_tool_calls)
+        tools = ChatToolCalls.of(
+            body.tools, body.tool_choice, ctx.config.tool_call_parser, body.parallel_tool_calls, body.forcing
+        )
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     thinking = REASONING_FORMATS[ctx.config.reasoning_parser] if ctx.config.reasoning_parser else None

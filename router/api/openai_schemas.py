@@ -28,6 +28,7 @@ from radixcluster.router.api.native_schemas import (
     prompts_fit_context,
 )
 from radixcluster.router.api.tool_calls import (
+    CHAT_FORCING,
     MAX_TOOLS,
     ToolChoice,
     ToolIn,
@@ -354,6 +355,8 @@ class ToolsRequest(OpenAIRequest):
 
     # the name the client gave its response_format (the Responses API calls it text.format)
     response_format_field: ClassVar[str] = "response_format"
+    # its tool_choice values that force a call or none, as the refusal of "auto" names them
+    forcing: ClassVar[str] = CHAT_FORCING
 
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None  # OpenAI's default: "auto" with tools, else "none"
@@ -418,12 +421,19 @@ def template_kwargs(given: dict[str, Any] | None, effort: str | None) -> dict[st
     return kwargs or None
 
 
-def check_one_answer(request: OpenAIRequest, answer: str) -> None:
-    """A chat under another shape gives one ``answer`` (its ``n`` stays 1) to one prompt."""
-    if request.n != 1:
-        raise ValueError(f"n: {answer} is one answer")
-    if request.gateway_tokens is not None:
-        request.gateway_tokens.check_count(1)
+class OneAnswerRequest(ToolsRequest):
+    """A chat under another shape (the Responses and Messages APIs): one ``answer`` (its ``n``
+    stays 1) to one prompt."""
+
+    answer: ClassVar[str]
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> OneAnswerRequest:
+        if self.n != 1:
+            raise ValueError(f"n: {self.answer} is one answer")
+        if self.gateway_tokens is not None:
+            self.gateway_tokens.check_count(1)
+        return self
 
 
 class ChatCompletionIn(ToolsRequest):

@@ -14,10 +14,9 @@ from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
     JsonSchemaFormat,
+    OneAnswerRequest,
     ReasoningEffort,
     ResponseFormat,
-    ToolsRequest,
-    check_one_answer,
     template_kwargs,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
@@ -161,7 +160,7 @@ class TextConfig(BaseModel):
     format: TextFormat | None = None
 
 
-class ResponsesIn(ToolsRequest):
+class ResponsesIn(OneAnswerRequest):
     """``POST /v1/responses``; one answer (``n`` stays 1), rendered with the chat template. Its
     function tools and tool_choice are the chat's, written flat (``{"type": "function",
     "name": ...}``)."""
@@ -169,6 +168,8 @@ class ResponsesIn(ToolsRequest):
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_RESPONSES
     response_format_field = "text.format"
+    answer = "a response"
+    forcing = '"required" or {"type": "function", "name": ...} to have a call generated under the tools\' JSON schema, or "none"'
 
     input: str | list[InputItem] = Field(min_length=1)
     instructions: str | None = None
@@ -209,11 +210,6 @@ class ResponsesIn(ToolsRequest):
                     "function_call_output and reasoning items are"
                 )
         return items
-
-    @model_validator(mode="after")
-    def _check(self) -> ResponsesIn:
-        check_one_answer(self, "a response")
-        return self
 
     @property
     def wants_logprobs(self) -> bool:

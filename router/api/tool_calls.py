@@ -16,6 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat
 
 MAX_TOOLS = 128  # OpenAI's bound
+# the chat's tool_choice values that force a call or none, as a refusal names them
+CHAT_FORCING = (
+    '"required" or {"type": "function", "function": {"name": ...}} to have a call generated under the '
+    'tools\' JSON schema, or "none"'
+)
 ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # OpenAI's rule for function names
 # the schema of a function that declares no parameters
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -112,18 +117,22 @@ class ChatToolCalls:
 
     @classmethod
     def of(
-        cls, tools: list[ToolIn] | None, choice: ToolChoice | None, parser: str | None, parallel: bool = True
+        cls,
+        tools: list[ToolIn] | None,
+        choice: ToolChoice | None,
+        parser: str | None,
+        parallel: bool = True,
+        forcing: str = CHAT_FORCING,
     ) -> ChatToolCalls:
-        """ValueError (a 400) for "auto" without a parser: the model's calls could not be read."""
+        """ValueError (a 400) for "auto" without a parser: the model's calls could not be read;
+        it names the choices that force a call as the request's API spells them (``forcing``)."""
         names = frozenset(t.function.name for t in tools or [])
         if choice != "auto" and not (choice is None and names):  # OpenAI's default with tools: "auto"
             return cls(choice, names)
         if parser is None:
             raise ValueError(
                 'tool_choice "auto" (the default with tools) needs the server started with --tool-call-parser '
-                '(the model\'s format of tool calls); without one, send tool_choice "required" or '
-                '{"type": "function", "function": {"name": ...}} to have a call generated under the tools\' '
-                'JSON schema, or "none"'
+                f"(the model's format of tool calls); without one, send tool_choice {forcing}"
             )
         return cls("auto", names, TOOL_CALL_FORMATS[parser], parallel)
 
