@@ -28,7 +28,7 @@ from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.model_config import load_model_config
 from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
-from radixcluster.router.api.http_protocol import BoundedHeadProtocol
+from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.text.tokenizer import load_tokenizer
 
@@ -85,7 +85,7 @@ def run_gateway(config: GatewayConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
-            http=BoundedHeadProtocol,
+            http=GuardedHttpProtocol,
             timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
         )
     )

@@ -50,6 +50,7 @@ ANTHROPIC_ERROR_TYPES = {
     504: "timeout_error",
 }
 ANTHROPIC_PATH = "/v1/messages"
+SHUTTING_DOWN = "the server is shutting down"
 # a 429 (queue full) or 503 (draining, workers restarting) asks the client to come back after this long
 RETRY_AFTER_S = 1
 

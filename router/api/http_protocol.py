@@ -1,33 +1,60 @@
-"""uvicorn's HTTP/1.1 protocol (httptools) with each request's head bounded. httptools keeps a
-header's bytes, copying them as they grow, until its line ends: one client sending an endless
-header held the whole server's event loop for seconds and as much memory as it sent."""
+"""uvicorn's HTTP/1.1 protocol (httptools), guarded against clients that send too much or stop
+sending: each request's head is bounded, and a request the client stops sending is answered and
+its connection closed. httptools keeps a header's bytes, copying them as they grow, until its
+line ends: one client sending an endless header held the whole server's event loop for seconds
+and as much memory as it sent; and uvicorn waits for a half-sent request forever, so idle
+half-sent requests held a connection each (and, at shutdown, a task uvicorn had to cancel)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from radixcluster.router.api.errors import error_body
+from radixcluster.router.api.errors import SHUTTING_DOWN, error_body
 
 # the request line and headers together (nginx allows 32 KiB by default, Node.js 16 KiB)
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_TOO_LARGE = 431
-# after a 431, what the client still sends is read and dropped this long before the close:
-# closing with its bytes unread would reset the connection, and the reset can destroy the 431
+# how long a connection may go without a byte while its request is unfinished, or before its
+# first request (nginx's client_header_timeout and client_body_timeout, 60 s by default)
+READ_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT = 408
+# after a refusal, what the client still sends is read and dropped this long before the close:
+# closing with its bytes unread would reset the connection, and the reset can destroy the answer
 LINGER_S = 2.0
 
+REASONS = {
+    HEAD_TOO_LARGE: "Request Header Fields Too Large",
+    REQUEST_TIMEOUT: "Request Timeout",
+    503: "Service Unavailable",
+}
 
-class BoundedHeadProtocol(HttpToolsProtocol):
-    """Answers 431 and ends the connection once a request's head passes MAX_HEAD_BYTES."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """Answers 431 and ends the connection once a request's head passes MAX_HEAD_BYTES; 408 once
+    the client has sent nothing for ``read_timeout_s`` while a request is unfinished or before the
+    first; and 503 to a request still being received when the server shuts down."""
+
+    def __init__(self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.read_timeout_s = read_timeout_s
         self._in_head = True  # the next bytes begin a request
         self._head_ended = False  # during one data_received
         self._head_bytes = 0
+        self._receiving = False  # a request has begun and not yet ended
+        self._stall: asyncio.TimerHandle | None = None
         self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_bytes()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -37,28 +64,78 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         if began_in_head and self._in_head and not self._head_ended:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refuse()
+                self._refuse(HEAD_TOO_LARGE, f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes")
+                return
         else:
             # only reads that were head from end to end count: one that also held a body
             # (or the end of a head) is a single read, so the bound holds within two reads
             self._head_bytes = 0
+        if self._receiving:
+            self._await_bytes()
+        else:
+            self._stop_waiting()  # the app's turn; uvicorn's keep-alive timeout follows the answer
+
+    def on_message_begin(self) -> None:
+        self._receiving = True
+        super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_ended = False, True
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._receiving = False
         super().on_message_complete()
         self._in_head = True
 
-    def _refuse(self) -> None:
-        message = f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes"
-        body = json.dumps(error_body(HEAD_TOO_LARGE, message)).encode()
+    def shutdown(self) -> None:
+        if self._receiving_body():
+            self._refuse(503, SHUTTING_DOWN)
+        else:
+            super().shutdown()
+
+    def _receiving_body(self) -> bool:
+        """Whether the app awaits the rest of a body the client has yet to send."""
+        cycle = self.cycle
+        return cycle is not None and self._receiving and cycle.more_body and not cycle.response_started
+
+    def _await_bytes(self) -> None:
+        self._stop_waiting()
+        self._stall = self.loop.call_later(self.read_timeout_s, self._stalled)
+
+    def _stop_waiting(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        answering = cycle is not None and not cycle.response_complete and not self._receiving_body()
+        if self.flow.read_paused or answering:
+            # the wait is ours (the app has not read the body it holds, or still answers an
+            # earlier request), not the client's
+            self._await_bytes()
+            return
+        self._refuse(REQUEST_TIMEOUT, f"nothing of the request came for {self.read_timeout_s:g} s")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answers ``status`` to the request being received and ends the connection; an app
+        waiting for that request's body gets a disconnect, and what it answers is dropped."""
+        cycle = self.cycle if self._receiving_body() else None
+        path = cycle.scope["path"] if cycle is not None else ""
+        body = json.dumps(error_body(status, message, path=path)).encode()
         head = (
-            f"HTTP/1.1 {HEAD_TOO_LARGE} Request Header Fields Too Large\r\n"
+            f"HTTP/1.1 {status} {REASONS[status]}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self._refused = True
+        self._stop_waiting()
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
         self.transport.write(head.encode() + body)
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)

@@ -22,8 +22,8 @@ from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
-from radixcluster.router.api.errors import error_response, install_error_handlers
-from radixcluster.router.api.http_protocol import BoundedHeadProtocol
+from radixcluster.router.api.errors import SHUTTING_DOWN, error_response, install_error_handlers
+from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.api.messages_routes import messages_routes
 from radixcluster.router.api.native_routes import native_routes
@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 # Served while draining too: monitoring watches the drain.
 _DRAIN_PATHS = frozenset({"/metrics"})
-SHUTTING_DOWN = "the server is shutting down"
 # after the requests of a drain are ended with an error, how long their responses get to go out
 FAIL_FLUSH_S = 5
 
@@ -146,7 +145,7 @@ def run_api_server(config: ApiConfig) -> None:
             port=config.port,
             log_config=None,
             access_log=False,
-            http=BoundedHeadProtocol,
+            http=GuardedHttpProtocol,
             # by the time uvicorn shuts down, every response is complete or ended with an error
             timeout_graceful_shutdown=FAIL_FLUSH_S,
         ),

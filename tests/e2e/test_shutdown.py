@@ -1,5 +1,6 @@
 """Stopping a real `radixcluster up`: SIGTERM to the command alone (Kubernetes, Docker) drains it,
-running requests finish, those that cannot end with an error event, and no process is left; so
+running requests finish, those that cannot end with an error event, a request still being sent
+gets a 503, and no process is left; so
 does SIGTERM to all its processes of that command line at once (`pkill -f`); a SIGKILLed command
 takes its processes with it. An API key given in the environment never shows in
 a command line, and the command prints its URL once ready. (SIGTERM to a TP group's whole process
@@ -8,12 +9,15 @@ group, as Ctrl-C sends it: tests/e2e/test_cluster.py, on its tp 3 server.)"""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -48,6 +52,7 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
             message_started = threading.Event()
             endless_message = pool.submit(sse_stream, srv, "/v1/messages", ENDLESS_MESSAGE, message_started)
             assert message_started.wait(TIMEOUT_S)
+            half_sent = half_sent_generate(srv)
             srv.process.send_signal(signal.SIGTERM)
             # readiness and new requests see the drain at once; running requests go on
             while requests.get(srv.url + "/health", timeout=TIMEOUT_S).status_code == 200:
@@ -68,8 +73,25 @@ def test_sigterm_to_the_command_drains_then_exits_with_nothing_left():
                 srv.url + "/v1/messages", json=ENDLESS_MESSAGE, headers=srv.headers(), timeout=TIMEOUT_S
             )
             assert late.status_code == 503 and late.json() == stopped
+        # the request whose body never came is answered when the server stops, not dropped
+        answer = b""
+        while chunk := half_sent.recv(65536):
+            answer += chunk
+        half_sent.close()
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"shutting down" in answer
         assert srv.process.wait(timeout=120) == 0
         assert wait_gone(tree, 10) == set()
+
+
+def half_sent_generate(srv) -> socket.socket:
+    """A connection that has sent a /generate request's head and half its body."""
+    body = json.dumps({"text": "never finished", "sampling_params": {"max_new_tokens": 4}}).encode()
+    head = f"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\ncontent-type: application/json\r\n"
+    auth = "".join(f"{name}: {value}\r\n" for name, value in srv.headers().items())
+    url = urlsplit(srv.url)
+    conn = socket.create_connection((url.hostname, url.port), timeout=120)
+    conn.sendall((head + auth + "\r\n").encode() + body[: len(body) // 2])
+    return conn
 
 
 def test_sigterm_to_every_process_of_the_command_line_at_once_is_one_stop():

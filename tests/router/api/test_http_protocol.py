@@ -1,10 +1,17 @@
-"""The bounded request head, on a real uvicorn server over real sockets: an endless header or
+"""The guarded HTTP protocol, on a real uvicorn server over real sockets: an endless header or
 URL gets a 431 and a closed connection, while heads under the bound, bodies of any size in
-the same reads and pipelined requests are served as before."""
+the same reads and pipelined requests are served as before; a request the client stops sending
+(or a connection that sends none) gets a 408 once the read timeout passes without a byte, while
+slow but steady clients and slow answers are served; and a request still being received at
+shutdown gets a 503, its app a disconnect rather than a cancellation."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
+import logging
 import socket
 import threading
 import time
@@ -13,45 +20,75 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from radixcluster.router.api.http_protocol import MAX_HEAD_BYTES, BoundedHeadProtocol
+from radixcluster.router.api.errors import SHUTTING_DOWN
+from radixcluster.router.api.http_protocol import MAX_HEAD_BYTES, GuardedHttpProtocol
 
 TIMEOUT_S = 30
+READ_TIMEOUT_S = 0.5
+# /slow answers after this long: longer than the read timeout, which must not cut it
+SLOW_APP_S = 3 * READ_TIMEOUT_S
+# paths whose app saw the client's disconnect instead of the whole body
+disconnects: list[str] = []
 
 
 async def body_length(scope, receive, send) -> None:
-    """Answers each request with the length of its body."""
+    """Answers each request with the length of its body (/slow: after SLOW_APP_S)."""
     if scope["type"] != "http":
         return
+    if scope["path"] == "/slow":
+        await asyncio.sleep(SLOW_APP_S)
     size, more = 0, True
     while more:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            disconnects.append(scope["path"])
+            return
         size += len(message.get("body", b""))
         more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-    await send({"type": "http.response.body", "body": str(size).encode()})
+    body = str(size).encode()
+    headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
-def address() -> Iterator[tuple[str, int]]:
+@contextlib.contextmanager
+def serving(protocol) -> Iterator[tuple[uvicorn.Server, tuple[str, int]]]:
+    """A uvicorn server of body_length on ``protocol``, on a free port, in a thread."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(body_length, http=BoundedHeadProtocol, log_config=None, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(body_length, http=protocol, log_config=None, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT_S
     while not server.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
-    yield listener.getsockname()
+    yield server, listener.getsockname()
     server.should_exit = True
     thread.join(TIMEOUT_S)
+    assert not thread.is_alive(), "uvicorn did not stop"
 
 
-def exchange(address: tuple[str, int], pieces: list[bytes]) -> bytes:
-    """Sends ``pieces`` one by one and reads until the server ends the connection."""
+@pytest.fixture(scope="module")
+def address() -> Iterator[tuple[str, int]]:
+    with serving(GuardedHttpProtocol) as (_, address):
+        yield address
+
+
+@pytest.fixture(scope="module")
+def impatient() -> Iterator[tuple[str, int]]:
+    """A server whose read timeout is READ_TIMEOUT_S."""
+    with serving(functools.partial(GuardedHttpProtocol, read_timeout_s=READ_TIMEOUT_S)) as (_, address):
+        yield address
+
+
+def exchange(address: tuple[str, int], pieces: list[bytes], pause_s: float = 0.0) -> bytes:
+    """Sends ``pieces`` one by one, ``pause_s`` apart, and reads until the server ends the connection."""
     with socket.create_connection(address, timeout=TIMEOUT_S) as conn:
         try:
-            for piece in pieces:
+            for i, piece in enumerate(pieces):
+                if i:
+                    time.sleep(pause_s)
                 conn.sendall(piece)
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused mid-head: the answer is already on its way
@@ -66,10 +103,17 @@ def get(header: bytes = b"", last: bool = True) -> bytes:
     return b"GET / HTTP/1.1\r\nHost: x\r\n" + (b"Connection: close\r\n" if last else b"") + header + b"\r\n"
 
 
-def post(body: bytes, last: bool = True) -> bytes:
+def post(body: bytes, last: bool = True, path: bytes = b"/") -> bytes:
     close = b"Connection: close\r\n" if last else b""
     return (
-        b"POST / HTTP/1.1\r\nHost: x\r\n" + close + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: x\r\n"
+        + close
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
     )
 
 
@@ -102,3 +146,69 @@ def test_bodies_and_pipelined_requests_do_not_count_as_head(address) -> None:
     second = get(header=b"X-Small: " + b"a" * 1000 + b"\r\n")
     answer = exchange(address, [post(b"b" * (4 * MAX_HEAD_BYTES), last=False) + second[:20], second[20:]])
     assert answer.count(b"HTTP/1.1 200") == 2 and str(4 * MAX_HEAD_BYTES).encode() in answer
+
+
+def error_of(answer: bytes, status: int) -> str:
+    """The message of an answer that must be a JSON error of ``status``."""
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == status
+    return body["error"]["message"]
+
+
+def test_a_connection_that_sends_nothing_gets_a_408(impatient) -> None:
+    started = time.monotonic()
+    assert error_of(exchange(impatient, []), 408) == "nothing of the request came for 0.5 s"
+    assert READ_TIMEOUT_S <= time.monotonic() - started < TIMEOUT_S
+
+
+def test_a_head_the_client_stops_sending_gets_a_408(impatient) -> None:
+    error_of(exchange(impatient, [b"POST / HTTP/1.1\r\nHost: x\r\n"]), 408)
+
+
+def test_a_body_the_client_stops_sending_gets_a_408_and_its_app_a_disconnect(impatient) -> None:
+    request = post(b"x" * 100, path=b"/stalled")
+    error_of(exchange(impatient, [request[:-50]]), 408)
+    assert "/stalled" in disconnects
+    assert exchange(impatient, [post(b"hello")]).endswith(b"\r\n\r\n5")
+
+
+def test_a_slow_but_steady_client_is_served(impatient) -> None:
+    # each piece within the timeout, the whole request over three times it
+    request = post(b"y" * 300)
+    pieces = [request[i : i + 30] for i in range(0, len(request), 30)]
+    answer = exchange(impatient, pieces, pause_s=READ_TIMEOUT_S / 3)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"\r\n\r\n300")
+
+
+def test_a_slow_answer_is_not_a_stalled_client(impatient) -> None:
+    # the first answer takes three timeouts while the second request waits, whole, behind it
+    answer = exchange(impatient, [post(b"abc", last=False, path=b"/slow") + post(b"de")])
+    assert answer.count(b"HTTP/1.1 200") == 2 and answer.endswith(b"\r\n\r\n2")
+
+
+def test_a_stalled_request_behind_a_slow_answer_waits_for_it(impatient) -> None:
+    # the second request's head is cut short: the 408 comes after the first answer, not into it
+    answer = exchange(impatient, [post(b"abc", last=False, path=b"/slow") + b"POST / HTTP/1.1\r\n"])
+    first, second = answer.split(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\n3")
+    assert b'"code": 408' in second
+
+
+def test_a_body_still_being_received_at_shutdown_gets_a_503(caplog) -> None:
+    caplog.set_level(logging.ERROR)
+    with contextlib.ExitStack() as stack:
+        server, address = stack.enter_context(serving(GuardedHttpProtocol))
+        conn = stack.enter_context(socket.create_connection(address, timeout=TIMEOUT_S))
+        conn.sendall(post(b"z" * 100, path=b"/draining")[:-10])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not server.server_state.tasks:
+            assert time.monotonic() < deadline, "the request never reached the app"
+            time.sleep(0.01)
+        server.should_exit = True
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert error_of(answer, 503) == SHUTTING_DOWN
+    assert "/draining" in disconnects
+    assert "Exception in ASGI application" not in caplog.text
