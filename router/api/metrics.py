@@ -1,5 +1,6 @@
 """Prometheus metrics of one api app: latency histograms measured here, and the router's
-counters and gauges rendered from its ``stats`` payload at each scrape."""
+counters and gauges rendered from its ``stats`` payload at each scrape; then, under SGLang's own
+names, those SGLang exports too."""
 
 from __future__ import annotations
 
@@ -82,6 +83,23 @@ _GAUGES = (
     ("radixcluster_workers_up", "group_up", "1 while a TP group serves, 0 while one is being replaced."),
 )
 
+# SGLang's names (labelled ``model_name``, as SGLang labels them) of the families counted here as
+# SGLang counts them: SGLang's Grafana dashboard, and the Kubernetes Gateway API Inference
+# Extension's scraper for SGLang (queue, running, token_usage, cache_config_info), read a replica
+# as they read SGLang. Counters keep their ``_total``, histograms their buckets (ours).
+_SGLANG_NAMES = {
+    "radixcluster_prompt_tokens": "sglang:prompt_tokens",
+    "radixcluster_generation_tokens": "sglang:generation_tokens",
+    "radixcluster_cached_tokens": "sglang:cached_tokens",
+    "radixcluster_requests": "sglang:num_requests",
+    "radixcluster_aborted_requests": "sglang:num_aborted_requests",
+    "radixcluster_num_running_reqs": "sglang:num_running_reqs",
+    "radixcluster_num_waiting_reqs": "sglang:num_queue_reqs",
+    "radixcluster_time_to_first_token_seconds": "sglang:time_to_first_token_seconds",
+    "radixcluster_inter_token_latency_seconds": "sglang:inter_token_latency_seconds",
+    "radixcluster_e2e_request_latency_seconds": "sglang:e2e_request_latency_seconds",
+}
+
 # CPU serving is slow: the buckets reach into tens of seconds.
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
@@ -125,6 +143,49 @@ def _tenant_counters(tenants: dict[str, dict[str, int]]) -> list[Metric]:
     return families
 
 
+class _SglangNames:
+    """The families of ``own`` that SGLang exports too, under its names; and its KV-pool gauges,
+    which count (as SGLang does) the tokens that requests hold, not what the tree keeps evictable."""
+
+    def __init__(self, own: list[Metric], stats: dict[str, Any], model_name: str) -> None:
+        self._own, self._stats, self._model = own, stats, model_name
+
+    def collect(self) -> list[Metric]:
+        label = {"model_name": self._model}
+        families: list[Metric] = []
+        for family in self._own:
+            name = _SGLANG_NAMES.get(family.name)
+            if name is None:
+                continue
+            renamed = Metric(name, family.documentation, family.type)
+            for sample in family.samples:
+                suffix = sample.name[len(family.name) :]  # _total, _bucket, _sum, _count, _created
+                renamed.add_sample(name + suffix, {**sample.labels, **label}, sample.value, sample.timestamp)
+            families.append(renamed)
+        if {"num_pages", "free_pages", "page_size", "evictable_tokens"} <= self._stats.keys():
+            families += self._pool_gauges(label)
+        return families
+
+    def _pool_gauges(self, label: dict[str, str]) -> list[Metric]:
+        page_size, num_pages = int(self._stats["page_size"]), int(self._stats["num_pages"])
+        total = num_pages * page_size
+        used = total - int(self._stats["free_pages"]) * page_size - int(self._stats["evictable_tokens"])
+        gauges = (
+            ("sglang:num_used_tokens", "Tokens of the KV pool that requests hold.", used),
+            ("sglang:token_usage", "Fraction of the KV pool that requests hold.", used / total if total else 0.0),
+            ("sglang:max_total_num_tokens", "Tokens the KV pool holds.", total),
+        )
+        families: list[Metric] = []
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(name, doc, labels=list(label))
+            gauge.add_metric(list(label.values()), float(value))
+            families.append(gauge)
+        info = {**label, "page_size": str(page_size), "num_pages": str(num_pages)}
+        config = GaugeMetricFamily("sglang:cache_config_info", "The KV pool's layout (value 1).", labels=list(info))
+        config.add_metric(list(info.values()), 1.0)
+        return [*families, config]
+
+
 class ApiMetrics:
     """Latency histograms of one app, in a registry of its own (two apps never collide)."""
 
@@ -161,8 +222,12 @@ class ApiMetrics:
         if reason is not None:
             self.rejected_requests.labels(reason=reason).inc()
 
-    def render(self, router_stats: dict[str, Any]) -> bytes:
-        """Prometheus text: the router's counters, gauges and step histogram, then the api's own."""
+    def render(self, router_stats: dict[str, Any], model_name: str) -> bytes:
+        """Prometheus text: the router's counters, gauges and step histogram, then the api's own,
+        then SGLang's names of them for the served ``model_name``."""
         scrape = CollectorRegistry()
         scrape.register(_RouterStats(router_stats))
-        return generate_latest(scrape) + generate_latest(self.registry)
+        own = [*scrape.collect(), *self.registry.collect()]
+        sglang = CollectorRegistry()
+        sglang.register(_SglangNames(own, router_stats, model_name))
+        return generate_latest(scrape) + generate_latest(self.registry) + generate_latest(sglang)

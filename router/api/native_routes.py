@@ -129,6 +129,6 @@ def native_routes(ctx: ApiContext) -> APIRouter:
     @router.get("/metrics")
     async def metrics() -> Response:
         stats = await ctx.client.control("stats")
-        return Response(ctx.metrics.render(stats), media_type=CONTENT_TYPE)
+        return Response(ctx.metrics.render(stats, ctx.config.served_model_name), media_type=CONTENT_TYPE)
 
     return router

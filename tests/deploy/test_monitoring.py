@@ -96,7 +96,7 @@ def exported() -> set[str]:
     stats["step_seconds"] = steps.snapshot()
     metrics = api_metrics.ApiMetrics()
     metrics.count_rejection(429)
-    replica = metrics.render(stats).decode()
+    replica = metrics.render(stats, "m").decode()
     gateway = GatewayMetrics()
     gateway.requests.labels("http://r").inc()
     gateway.predicted_tokens.labels("http://r").inc()
@@ -138,7 +138,7 @@ def test_the_step_histogram_counts_every_step_once(exported: set[str]) -> None:
     steps = StepTimes()
     for seconds in (0.001, 0.02, 0.02, 30.0):
         steps.observe(seconds)
-    text = api_metrics.ApiMetrics().render({"step_seconds": steps.snapshot()}).decode()
+    text = api_metrics.ApiMetrics().render({"step_seconds": steps.snapshot()}, "m").decode()
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "radixcluster_step_duration_seconds"]
     buckets = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
     assert (buckets["0.005"], buckets["0.025"], buckets["10.0"], buckets["+Inf"]) == (1, 3, 3, 4)

@@ -195,6 +195,9 @@ def test_metrics_counters_grow_with_requests(server):
         "radixcluster_prompt_tokens_total",
         "sglang_radix_cache_hit_total",
         "radixcluster_e2e_request_latency_seconds_count",
+        "sglang:num_requests_total",
+        "sglang:generation_tokens_total",
+        "sglang:e2e_request_latency_seconds_count",
     )
     before = {name: metric_value(server, name) for name in names}
     generate(server, LONG_PROMPT, max_new_tokens=3, sampling_params={"ignore_eos": True})
@@ -209,6 +212,16 @@ def test_metrics_counters_grow_with_requests(server):
         >= before["radixcluster_e2e_request_latency_seconds_count"] + 2
     )
     assert metric_value(server, "radixcluster_radix_cache_hit_total") == after["sglang_radix_cache_hit_total"]
+    # SGLang's names of the same counters, and the KV pool as SGLang's scrapers read it
+    for ours, sglang in (
+        ("radixcluster_requests_total", "sglang:num_requests_total"),
+        ("radixcluster_generation_tokens_total", "sglang:generation_tokens_total"),
+        ("radixcluster_e2e_request_latency_seconds_count", "sglang:e2e_request_latency_seconds_count"),
+    ):
+        assert after[sglang] - before[sglang] == after[ours] - before[ours], sglang
+    info = get(server, "/get_server_info").json()
+    assert metric_value(server, "sglang:max_total_num_tokens") == info["max_total_num_tokens"]
+    assert 0 <= metric_value(server, "sglang:token_usage") <= metric_value(server, "radixcluster_token_usage")
 
 
 LONG_RUN = 4000  # far more tokens than the test waits for

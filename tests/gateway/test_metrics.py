@@ -26,7 +26,7 @@ def test_one_scrape_sees_the_gateway_and_every_replica() -> None:
     a, b = Replica("http://a", HealthTunables()), Replica("http://b", HealthTunables())
     a.poll_passed()
     a.load.inflight_requests = 2
-    replica_text = ApiMetrics().render({"cached_tokens_total": 640, "running_requests": 2}).decode()
+    replica_text = ApiMetrics().render({"cached_tokens_total": 640, "running_requests": 2}, "m").decode()
     got = samples(metrics.render([a, b], {"http://a": replica_text, "http://b": replica_text}))
     assert got[("radixcluster_gateway_requests_total", (("replica", "http://a"),))] == 3
     assert got[("radixcluster_gateway_predictions_total", (("outcome", "evicted"),))] == 1
@@ -38,3 +38,4 @@ def test_one_scrape_sees_the_gateway_and_every_replica() -> None:
         assert got[("radixcluster_cached_tokens_total", (("replica", url),))] == 640
         assert got[("radixcluster_num_running_reqs", (("replica", url),))] == 2
         assert ("radixcluster_time_to_first_token_seconds_count", (("replica", url),)) in got
+        assert got[("sglang:num_running_reqs", (("model_name", "m"), ("replica", url)))] == 2
