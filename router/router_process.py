@@ -377,6 +377,7 @@ class Router:
             "aborted_requests_total": self.aborted_total,
             "step_seconds": self.step_times.snapshot(),
             "seconds_since_last_step": self.step_times.seconds_since_last(),
+            "gen_throughput": self.decode_log.gen_throughput(),
             **self.group.stats(),
             "tree_events_instance": events.instance if events is not None else None,
             "tree_events_seq": events.seq if events is not None else None,

@@ -81,6 +81,11 @@ _GAUGES = (
     ("radixcluster_tree_nodes", "tree_nodes", "Nodes of the radix tree."),
     ("radixcluster_pinned_tokens", "pinned_tokens", "Tokens of the radix tree that pins keep from eviction."),
     ("radixcluster_workers_up", "group_up", "1 while a TP group serves, 0 while one is being replaced."),
+    (
+        "radixcluster_gen_throughput",
+        "gen_throughput",
+        "Tokens per second decoded over the last --decode-log-interval decode steps (0 once 30 s old).",
+    ),
 )
 
 # SGLang's names (labelled ``model_name``, as SGLang labels them) of the families counted here as
@@ -95,6 +100,7 @@ _SGLANG_NAMES = {
     "radixcluster_aborted_requests": "sglang:num_aborted_requests",
     "radixcluster_num_running_reqs": "sglang:num_running_reqs",
     "radixcluster_num_waiting_reqs": "sglang:num_queue_reqs",
+    "radixcluster_gen_throughput": "sglang:gen_throughput",
     "radixcluster_time_to_first_token_seconds": "sglang:time_to_first_token_seconds",
     "radixcluster_inter_token_latency_seconds": "sglang:inter_token_latency_seconds",
     "radixcluster_e2e_request_latency_seconds": "sglang:e2e_request_latency_seconds",

@@ -163,6 +163,9 @@ def test_decode_log_interval_logs_the_batch_every_that_many_decode_steps(model_p
     # SGLang's last_gen_throughput: the last interval's rate, until it is stale
     (state,) = router.submit(ControlRequest(cid="i", kind="server_info"))[0].payload["internal_states"]
     assert state["last_gen_throughput"] == round(router.decode_log.gen_throughput(), 2) > 0
+    # and /metrics' gen_throughput (sglang:gen_throughput)
+    stats = router.submit(ControlRequest(cid="s", kind="stats"))[0].payload
+    assert stats["gen_throughput"] == router.decode_log.gen_throughput()
 
 
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):

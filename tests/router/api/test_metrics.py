@@ -16,6 +16,7 @@ STATS = {
     "aborted_requests_total": 1,
     "running_requests": 3,
     "waiting_requests": 2,
+    "gen_throughput": 123.5,
     "num_pages": 100,
     "page_size": 16,
     "free_pages": 40,
@@ -53,6 +54,7 @@ def test_sglang_names_carry_our_values_with_the_model_name() -> None:
         "radixcluster_aborted_requests_total": "sglang:num_aborted_requests_total",
         "radixcluster_num_running_reqs": "sglang:num_running_reqs",
         "radixcluster_num_waiting_reqs": "sglang:num_queue_reqs",
+        "radixcluster_gen_throughput": "sglang:gen_throughput",
     }
     for ours, sglang in pairs.items():
         assert got[(sglang, MODEL)] == got[(ours, ())], sglang
