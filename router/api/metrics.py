@@ -1,9 +1,10 @@
 """Prometheus metrics of one api app: latency histograms measured here, and the router's
-counters and gauges rendered from its ``stats`` payload at each scrape; then, under SGLang's own
-names, those SGLang exports too."""
+counters and gauges rendered from its ``stats`` payload at each scrape; then, under SGLang's and
+vLLM's own names, those they export too."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -88,23 +89,38 @@ _GAUGES = (
     ),
 )
 
-# SGLang's names (labelled ``model_name``, as SGLang labels them) of the families counted here as
-# SGLang counts them: SGLang's Grafana dashboard, and the Kubernetes Gateway API Inference
-# Extension's scraper for SGLang (queue, running, token_usage, cache_config_info), read a replica
-# as they read SGLang. Counters keep their ``_total``, histograms their buckets (ours).
-_SGLANG_NAMES = {
-    "radixcluster_prompt_tokens": "sglang:prompt_tokens",
-    "radixcluster_generation_tokens": "sglang:generation_tokens",
-    "radixcluster_cached_tokens": "sglang:cached_tokens",
-    "radixcluster_requests": "sglang:num_requests",
-    "radixcluster_aborted_requests": "sglang:num_aborted_requests",
-    "radixcluster_num_running_reqs": "sglang:num_running_reqs",
-    "radixcluster_num_waiting_reqs": "sglang:num_queue_reqs",
-    "radixcluster_gen_throughput": "sglang:gen_throughput",
-    "radixcluster_time_to_first_token_seconds": "sglang:time_to_first_token_seconds",
-    "radixcluster_inter_token_latency_seconds": "sglang:inter_token_latency_seconds",
-    "radixcluster_e2e_request_latency_seconds": "sglang:e2e_request_latency_seconds",
-}
+# Other engines' names of the families counted here as those engines count them (counters keep
+# their ``_total``, histograms their buckets, ours), so that what reads those engines reads a
+# replica: SGLang's Grafana dashboard; the Kubernetes Gateway API Inference Extension, whose
+# scrapers read SGLang's queue, running, token_usage and cache_config_info or vLLM's
+# num_requests_waiting, num_requests_running, kv_cache_usage_perc and cache_config_info; vLLM's
+# dashboards and routers. Each engine's labels are its own (SGLang: model_name; vLLM: model_name
+# and engine).
+_SGLANG_NAMES = (
+    ("radixcluster_prompt_tokens", "sglang:prompt_tokens"),
+    ("radixcluster_generation_tokens", "sglang:generation_tokens"),
+    ("radixcluster_cached_tokens", "sglang:cached_tokens"),
+    ("radixcluster_requests", "sglang:num_requests"),
+    ("radixcluster_aborted_requests", "sglang:num_aborted_requests"),
+    ("radixcluster_num_running_reqs", "sglang:num_running_reqs"),
+    ("radixcluster_num_waiting_reqs", "sglang:num_queue_reqs"),
+    ("radixcluster_gen_throughput", "sglang:gen_throughput"),
+    ("radixcluster_time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    ("radixcluster_inter_token_latency_seconds", "sglang:inter_token_latency_seconds"),
+    ("radixcluster_e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
+)
+_VLLM_NAMES = (
+    ("radixcluster_prompt_tokens", "vllm:prompt_tokens"),
+    ("radixcluster_generation_tokens", "vllm:generation_tokens"),
+    # vLLM counts its prefix cache in tokens: those looked up (every prompt token) and those found
+    ("radixcluster_prompt_tokens", "vllm:prefix_cache_queries"),
+    ("radixcluster_cached_tokens", "vllm:prefix_cache_hits"),
+    ("radixcluster_num_running_reqs", "vllm:num_requests_running"),
+    ("radixcluster_num_waiting_reqs", "vllm:num_requests_waiting"),
+    ("radixcluster_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+    ("radixcluster_inter_token_latency_seconds", "vllm:inter_token_latency_seconds"),
+    ("radixcluster_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"),
+)
 
 # CPU serving is slow: the buckets reach into tens of seconds.
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -149,47 +165,86 @@ def _tenant_counters(tenants: dict[str, dict[str, int]]) -> list[Metric]:
     return families
 
 
-class _SglangNames:
-    """The families of ``own`` that SGLang exports too, under its names; and its KV-pool gauges,
-    which count (as SGLang does) the tokens that requests hold, not what the tree keeps evictable."""
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """The KV pool as other engines report it: what requests hold, not what the tree keeps
+    evictable (both SGLang and vLLM count cached tokens no request uses as free)."""
+
+    page_size: int
+    num_pages: int
+    used_tokens: int
+
+    @classmethod
+    def of(cls, stats: dict[str, Any]) -> _Pool | None:
+        if not {"num_pages", "free_pages", "page_size", "evictable_tokens"} <= stats.keys():
+            return None
+        page_size, num_pages = int(stats["page_size"]), int(stats["num_pages"])
+        used = (num_pages - int(stats["free_pages"])) * page_size - int(stats["evictable_tokens"])
+        return cls(page_size, num_pages, used)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def usage(self) -> float:
+        return self.used_tokens / self.total_tokens if self.total_tokens else 0.0
+
+
+def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> Metric:
+    gauge = GaugeMetricFamily(name, doc, labels=list(labels))
+    gauge.add_metric(list(labels.values()), float(value))
+    return gauge
+
+
+def _renamed(families: list[Metric], names: tuple[tuple[str, str], ...], labels: dict[str, str]) -> list[Metric]:
+    """The families that ``names`` pairs (ours, theirs) name, under their names with ``labels`` added."""
+    by_name = {family.name: family for family in families}
+    out: list[Metric] = []
+    for ours, name in names:
+        family = by_name.get(ours)
+        if family is None:
+            continue
+        renamed = Metric(name, family.documentation, family.type)
+        for sample in family.samples:
+            suffix = sample.name[len(family.name) :]  # _total, _bucket, _sum, _count, _created
+            renamed.add_sample(name + suffix, {**sample.labels, **labels}, sample.value, sample.timestamp)
+        out.append(renamed)
+    return out
+
+
+def _sglang_pool(pool: _Pool, labels: dict[str, str]) -> list[Metric]:
+    info = {**labels, "page_size": str(pool.page_size), "num_pages": str(pool.num_pages)}
+    return [
+        _gauge("sglang:num_used_tokens", "Tokens of the KV pool that requests hold.", labels, pool.used_tokens),
+        _gauge("sglang:token_usage", "Fraction of the KV pool that requests hold.", labels, pool.usage),
+        _gauge("sglang:max_total_num_tokens", "Tokens the KV pool holds.", labels, pool.total_tokens),
+        _gauge("sglang:cache_config_info", "The KV pool's layout (value 1).", info, 1),
+    ]
+
+
+def _vllm_pool(pool: _Pool, labels: dict[str, str]) -> list[Metric]:
+    info = {**labels, "block_size": str(pool.page_size), "num_gpu_blocks": str(pool.num_pages)}
+    return [
+        _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels, pool.usage),
+        _gauge("vllm:cache_config_info", "The KV pool's layout (value 1).", info, 1),
+    ]
+
+
+class _PeerNames:
+    """SGLang's and vLLM's names of the families of ``own``, and their KV-pool gauges."""
 
     def __init__(self, own: list[Metric], stats: dict[str, Any], model_name: str) -> None:
-        self._own, self._stats, self._model = own, stats, model_name
+        self._own, self._pool, self._model = own, _Pool.of(stats), model_name
 
     def collect(self) -> list[Metric]:
-        label = {"model_name": self._model}
-        families: list[Metric] = []
-        for family in self._own:
-            name = _SGLANG_NAMES.get(family.name)
-            if name is None:
-                continue
-            renamed = Metric(name, family.documentation, family.type)
-            for sample in family.samples:
-                suffix = sample.name[len(family.name) :]  # _total, _bucket, _sum, _count, _created
-                renamed.add_sample(name + suffix, {**sample.labels, **label}, sample.value, sample.timestamp)
-            families.append(renamed)
-        if {"num_pages", "free_pages", "page_size", "evictable_tokens"} <= self._stats.keys():
-            families += self._pool_gauges(label)
+        sglang = {"model_name": self._model}
+        vllm = {"model_name": self._model, "engine": "0"}
+        families = _renamed(self._own, _SGLANG_NAMES, sglang)
+        families += _renamed(self._own, _VLLM_NAMES, vllm)
+        if self._pool is not None:
+            families += _sglang_pool(self._pool, sglang) + _vllm_pool(self._pool, vllm)
         return families
-
-    def _pool_gauges(self, label: dict[str, str]) -> list[Metric]:
-        page_size, num_pages = int(self._stats["page_size"]), int(self._stats["num_pages"])
-        total = num_pages * page_size
-        used = total - int(self._stats["free_pages"]) * page_size - int(self._stats["evictable_tokens"])
-        gauges = (
-            ("sglang:num_used_tokens", "Tokens of the KV pool that requests hold.", used),
-            ("sglang:token_usage", "Fraction of the KV pool that requests hold.", used / total if total else 0.0),
-            ("sglang:max_total_num_tokens", "Tokens the KV pool holds.", total),
-        )
-        families: list[Metric] = []
-        for name, doc, value in gauges:
-            gauge = GaugeMetricFamily(name, doc, labels=list(label))
-            gauge.add_metric(list(label.values()), float(value))
-            families.append(gauge)
-        info = {**label, "page_size": str(page_size), "num_pages": str(num_pages)}
-        config = GaugeMetricFamily("sglang:cache_config_info", "The KV pool's layout (value 1).", labels=list(info))
-        config.add_metric(list(info.values()), 1.0)
-        return [*families, config]
 
 
 class ApiMetrics:
@@ -230,10 +285,10 @@ class ApiMetrics:
 
     def render(self, router_stats: dict[str, Any], model_name: str) -> bytes:
         """Prometheus text: the router's counters, gauges and step histogram, then the api's own,
-        then SGLang's names of them for the served ``model_name``."""
+        then SGLang's and vLLM's names of them for the served ``model_name``."""
         scrape = CollectorRegistry()
         scrape.register(_RouterStats(router_stats))
         own = [*scrape.collect(), *self.registry.collect()]
-        sglang = CollectorRegistry()
-        sglang.register(_SglangNames(own, router_stats, model_name))
-        return generate_latest(scrape) + generate_latest(self.registry) + generate_latest(sglang)
+        peers = CollectorRegistry()
+        peers.register(_PeerNames(own, router_stats, model_name))
+        return generate_latest(scrape) + generate_latest(self.registry) + generate_latest(peers)

@@ -222,6 +222,10 @@ def test_metrics_counters_grow_with_requests(server):
     info = get(server, "/get_server_info").json()
     assert metric_value(server, "sglang:max_total_num_tokens") == info["max_total_num_tokens"]
     assert 0 <= metric_value(server, "sglang:token_usage") <= metric_value(server, "radixcluster_token_usage")
+    assert metric_value(server, "vllm:kv_cache_usage_perc") == metric_value(server, "sglang:token_usage")
+    assert metric_value(server, "vllm:prefix_cache_hits_total") == metric_value(
+        server, "radixcluster_cached_tokens_total"
+    )
 
 
 LONG_RUN = 4000  # far more tokens than the test waits for

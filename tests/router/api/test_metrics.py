@@ -1,9 +1,11 @@
 """The api's /metrics text, parsed back as Prometheus reads it: the router's counters and gauges
 and the api's histograms under our names, and again under SGLang's names with its model_name
-label, with SGLang's KV-pool gauges counting what requests hold (not what the tree keeps)."""
+label and under vLLM's with its model_name and engine labels, with their KV-pool gauges counting
+what requests hold (not what the tree keeps)."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixcluster.router.api.metrics import ApiMetrics
@@ -42,6 +44,7 @@ def rendered() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 MODEL = (("model_name", "served-model"),)
+VLLM = (("engine", "0"), ("model_name", "served-model"))
 
 
 def test_sglang_names_carry_our_values_with_the_model_name() -> None:
@@ -61,22 +64,35 @@ def test_sglang_names_carry_our_values_with_the_model_name() -> None:
     assert got[("sglang:num_queue_reqs", MODEL)] == 2 and got[("sglang:num_running_reqs", MODEL)] == 3
 
 
-def test_latency_histograms_are_exported_under_sglang_names_too() -> None:
+def test_vllm_names_carry_our_values_with_its_labels() -> None:
     got = rendered()
-    for ours, sglang in (
-        ("radixcluster_time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
-        ("radixcluster_inter_token_latency_seconds", "sglang:inter_token_latency_seconds"),
-        ("radixcluster_e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
-    ):
-        assert got[(sglang + "_count", MODEL)] == got[(ours + "_count", ())]
-        assert got[(sglang + "_sum", MODEL)] == got[(ours + "_sum", ())]
-        buckets = {labels: v for (name, labels), v in got.items() if name == ours + "_bucket"}
-        for labels, value in buckets.items():
-            assert got[(sglang + "_bucket", tuple(sorted((*labels, *MODEL))))] == value
-    assert got[("sglang:inter_token_latency_seconds_count", MODEL)] == 2
+    pairs = {
+        "radixcluster_prompt_tokens_total": ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total"),
+        "radixcluster_cached_tokens_total": ("vllm:prefix_cache_hits_total",),
+        "radixcluster_generation_tokens_total": ("vllm:generation_tokens_total",),
+        "radixcluster_num_running_reqs": ("vllm:num_requests_running",),
+        "radixcluster_num_waiting_reqs": ("vllm:num_requests_waiting",),
+    }
+    for ours, names in pairs.items():
+        for vllm in names:
+            assert got[(vllm, VLLM)] == got[(ours, ())], vllm
+    assert got[("vllm:prefix_cache_hits_total", VLLM)] / got[("vllm:prefix_cache_queries_total", VLLM)] == 0.6
 
 
-def test_sglang_pool_gauges_count_what_requests_hold() -> None:
+@pytest.mark.parametrize("prefix, labels", [("sglang:", MODEL), ("vllm:", VLLM)])
+def test_latency_histograms_are_exported_under_their_names_too(prefix, labels) -> None:
+    got = rendered()
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        ours, theirs = "radixcluster_" + name, prefix + name
+        assert got[(theirs + "_count", labels)] == got[(ours + "_count", ())]
+        assert got[(theirs + "_sum", labels)] == got[(ours + "_sum", ())]
+        buckets = {bucket: v for (sample, bucket), v in got.items() if sample == ours + "_bucket"}
+        for bucket, value in buckets.items():
+            assert got[(theirs + "_bucket", tuple(sorted((*bucket, *labels))))] == value
+    assert got[(prefix + "inter_token_latency_seconds_count", labels)] == 2
+
+
+def test_pool_gauges_count_what_requests_hold() -> None:
     got = rendered()
     # 1,600 tokens; 640 free and 320 evictable in the tree: requests hold 640
     assert got[("sglang:max_total_num_tokens", MODEL)] == 1600
@@ -84,9 +100,13 @@ def test_sglang_pool_gauges_count_what_requests_hold() -> None:
     assert got[("sglang:token_usage", MODEL)] == 0.4
     info = tuple(sorted((*MODEL, ("page_size", "16"), ("num_pages", "100"))))
     assert got[("sglang:cache_config_info", info)] == 1
+    assert got[("vllm:kv_cache_usage_perc", VLLM)] == 0.4
+    info = tuple(sorted((*VLLM, ("block_size", "16"), ("num_gpu_blocks", "100"))))
+    assert got[("vllm:cache_config_info", info)] == 1
 
 
 def test_a_payload_without_the_pool_renders_without_its_gauges() -> None:
     got = parsed(ApiMetrics().render({"running_requests": 1}, "m"))
     assert got[("sglang:num_running_reqs", (("model_name", "m"),))] == 1
-    assert not any(name.startswith(("sglang:token_usage", "sglang:cache_config_info")) for name, _ in got)
+    pool = ("sglang:token_usage", "sglang:cache_config_info", "vllm:kv_cache_usage_perc", "vllm:cache_config_info")
+    assert not any(name.startswith(pool) for name, _ in got)
