@@ -50,6 +50,8 @@ MEANINGLESS_FLAGS = {
     "--skip-server-warmup": "the server sends itself no warm-up request",
     "--enforce-eager": "decode runs without CUDA graphs on this build",
     "--show-time-cost": "step times are in /metrics (radixcluster_step_duration_seconds)",
+    "--disable-log-stats": "statistics are logged only at --log-level info, and /metrics is always served",
+    "--enable-p2p-check": "TP ranks exchange tensors only through torch.distributed",
 }
 # --load-format: the weights' formats read here (vLLM and SGLang name more)
 LOAD_FORMATS = ("auto", "safetensors", "gguf")
@@ -62,9 +64,13 @@ MEANINGLESS_VALUE_FLAGS = {
     "--swap-space": "a request that no longer fits is retracted and computed again, never swapped out",
     "--sampling-backend": "rank 0 samples with its own kernels",
     "--dist-init-addr": "TP ranks rendezvous through Ray; several nodes join with --ray-address",
+    "--uvicorn-log-level": "the HTTP server logs through --log-level",
+    "--revision": "models are local files: nothing is downloaded",
+    "--download-dir": "models are local files: nothing is downloaded",
+    "--load-balance-method": "with --dp-size the gateway routes each request by its cached prefix and the replicas' load",
 }
-# The only value this server runs of a backend flag users bring from SGLang
-SOLE_BACKENDS = {"--grammar-backend": "xgrammar"}
+# The only value this server runs of a backend flag users bring from SGLang or vLLM
+SOLE_BACKENDS = {"--grammar-backend": "xgrammar", "--tokenizer-mode": "auto"}
 # SGLang's names for attention backends: what runs for each here
 SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "flashinfer": "auto", "fa3": "auto"}
 

@@ -110,16 +110,22 @@ def test_sglangs_schedule_conservativeness_and_decode_log_interval():
 
 def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(caplog):
     defaults = "--enable-cache-report --disable-overlap-schedule --enable-chunked-prefill --enable-auto-tool-choice"
-    quiet = "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar"
-    meaningless = "--skip-server-warmup --enforce-eager --swap-space 4 --sampling-backend pytorch"
+    quiet = "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar --tokenizer-mode auto"
+    meaningless = (
+        "--skip-server-warmup --enforce-eager --swap-space 4 --sampling-backend pytorch --disable-log-stats"
+        " --enable-p2p-check --uvicorn-log-level info --revision main --download-dir /models"
+        " --load-balance-method round_robin"
+    )
     with caplog.at_level(logging.WARNING):
         assert parse(*defaults.split(), *quiet.split(), *meaningless.split()) == parse()
     notices = [r.getMessage() for r in caplog.records]
-    assert len(notices) == 4
-    for flag in ("--skip-server-warmup", "--enforce-eager", "--swap-space", "--sampling-backend"):
+    flags = [word for word in meaningless.split() if word.startswith("--")]
+    assert len(notices) == len(flags) == 10
+    for flag in flags:
         assert any(f"{flag} is accepted but has no effect" in notice for notice in notices)
-    with pytest.raises(SystemExit):
-        parse("--grammar-backend", "outlines")  # argparse names the one that runs
+    for flag, value in (("--grammar-backend", "outlines"), ("--tokenizer-mode", "slow")):
+        with pytest.raises(SystemExit):
+            parse(flag, value)  # argparse names the one that runs
 
 
 def test_vllms_memory_load_and_quantization_flags(capsys):
