@@ -257,6 +257,7 @@ class Launcher:
             log_requests=args.log_requests,
             schedule_conservativeness=args.schedule_conservativeness,
             decode_log_interval=args.decode_log_interval,
+            allow_auto_truncate=args.allow_auto_truncate,
         )
 
     def _wait_api_ready(self, api: BaseProcess) -> None:

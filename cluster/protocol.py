@@ -134,6 +134,9 @@ class GenerateRequest:
     # the client's cache_salt, and counts its tokens per tenant
     tenant: str | None = None
     pins: list[PromptPin] = field(default_factory=list)
+    # vLLM's truncate_prompt_tokens: the prompt keeps its last this many tokens (-1: as many as
+    # the context holds); None: the prompt whole
+    truncate_prompt_tokens: int | None = None
     # the text's or the chat's ids as the gateway in front tokenized them, if it did
     tokens: PromptTokens | None = None
 

@@ -124,6 +124,7 @@ class ServerArgs:
     log_requests: bool = False
     schedule_conservativeness: float = 1.0
     decode_log_interval: int = 40
+    allow_auto_truncate: bool = False
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)
@@ -362,6 +363,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--cache-page-text",
         action="store_true",
         help="the cache page shows the first tokens of each cached prefix as text (default: hashes and token counts only)",
+    )
+    parser.add_argument(
+        "--allow-auto-truncate",
+        action="store_true",
+        help="SGLang's: a prompt longer than the context keeps its beginning (one token of room), and an output "
+        "limit over the room the prompt leaves is lowered to it, where both are refused by default",
     )
     parser.add_argument(
         "--constrained-json-disable-any-whitespace",

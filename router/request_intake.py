@@ -5,6 +5,7 @@ if any, is the router's to compile."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
+
 
 class RequestRejected(ValueError):
     """The client's request cannot run; the message is for the client."""
@@ -24,17 +27,21 @@ class RequestRejected(ValueError):
 
 class RequestIntake:
     """``pool_tokens``: the KV pool's size; a request's prompt + output must fit it whole (and the
-    context), or it could never run even alone.
+    context), or it could never run even alone. ``auto_truncate`` (SGLang's --allow-auto-truncate):
+    a prompt over the context keeps its beginning, and an output limit over the room is lowered.
 
     Tokenizing runs on the router's loop, so a text is refused unread when it is too long to be
     any prompt: no token stands for more than the tokenizer's longest entry, so a text of more
     than ``max_text_chars`` characters has more tokens than the context holds."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, vocab_size: int, context_length: int, pool_tokens: int, auto_truncate: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.pool_tokens = pool_tokens
+        self.auto_truncate = auto_truncate
         self.max_text_chars = context_length * tokenizer.longest_token_chars()
         self.memo = PromptMemo()
         # the text encoded last and its ids: the n samples of one prompt arrive one after another
@@ -100,8 +107,10 @@ class RequestIntake:
         _check_integers(msg)
         _check_floats(msg)
         sampling = msg.sampling
-        text, ids = self.prompt(msg)
-        ids = ids.reshape(-1)
+        text, whole = self.prompt(msg)
+        ids = self._truncated(msg, whole.reshape(-1))
+        if ids.size < whole.size:
+            text = None  # its ids are no longer the text's: nothing for the memo
         if ids.size == 0:
             raise RequestRejected("the prompt is empty: at least one token is needed")
         self._check_ids(ids, "input_ids")
@@ -111,8 +120,8 @@ class RequestIntake:
                 f"prompt is too long: {ids.size} tokens > {self.context_length - 1} maximum (this model's "
                 f"context length is {self.context_length}; prompt + output must fit)"
             )
-        if sampling.max_new_tokens_is_default:
-            # a limit the client did not set gives way to the room the prompt leaves
+        if sampling.max_new_tokens_is_default or self.auto_truncate:
+            # a limit the client did not set (or any, with auto-truncation) gives way to the room the prompt leaves
             room = min(self.context_length, self.pool_tokens) - int(ids.size)
             if 0 < room < sampling.max_new_tokens:
                 sampling = dataclasses.replace(sampling, max_new_tokens=room)
@@ -139,6 +148,30 @@ class RequestIntake:
             pins=[(self._pin_prefix(msg, pin, ids), pin.ttl_s) for pin in msg.pins],
         )
         return request, text
+
+    def _truncated(self, msg: GenerateRequest, ids: np.ndarray) -> np.ndarray:
+        """The prompt's ids after vLLM's truncate_prompt_tokens (its last ones kept) and SGLang's
+        --allow-auto-truncate (its first ones, one token of room left)."""
+        keep = msg.truncate_prompt_tokens
+        if keep is not None:
+            if not -1 <= keep <= self.context_length:
+                raise RequestRejected(
+                    f"truncate_prompt_tokens must be -1 (the context's length) or at most this model's context "
+                    f"length of {self.context_length}, got {keep}"
+                )
+            limit = self.context_length if keep == -1 else keep
+            if ids.size > limit and any(pin.messages is not None for pin in msg.pins):
+                raise RequestRejected("truncate_prompt_tokens cuts the chat's beginning, where cache_control pins it")
+            ids = ids[ids.size - limit :] if limit < ids.size else ids
+        if self.auto_truncate and ids.size >= self.context_length:
+            logger.warning(
+                "a prompt of %d tokens is longer than this model's context of %d tokens: its first %d are kept",
+                ids.size,
+                self.context_length,
+                self.context_length - 1,
+            )
+            ids = ids[: self.context_length - 1]
+        return ids
 
     def _pin_prefix(self, msg: GenerateRequest, pin: PromptPin, ids: np.ndarray) -> np.ndarray:
         """The token ids a pin names: the whole prompt, or its chat's first ``pin.messages``

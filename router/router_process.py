@@ -102,6 +102,9 @@ class RouterConfig:
     schedule_conservativeness: float = 1.0  # SGLang's: scales the KV held back for running decodes
     decode_log_interval: int = 40  # SGLang's: an INFO line on the decode batch every this many steps
     tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
+    # SGLang's --allow-auto-truncate: a prompt over the context keeps its beginning, and an output
+    # limit over the room left is lowered to it, instead of a 400
+    allow_auto_truncate: bool = False
 
 
 class Router:
@@ -131,7 +134,11 @@ class Router:
             on_tree_event=tree_events.on_event if tree_events is not None else None,
         )
         self.intake = RequestIntake(
-            self.tokenizer, model_config.vocab_size, config.context_length, config.num_pages * config.page_size
+            self.tokenizer,
+            model_config.vocab_size,
+            config.context_length,
+            config.num_pages * config.page_size,
+            config.allow_auto_truncate,
         )
         self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size, config.json_any_whitespace)
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)

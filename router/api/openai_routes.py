@@ -157,6 +157,7 @@ def _requests(
             cache_salt=cache_namespace(body.cache_salt, body.extra_key),
             pins=body.pins(),
             tokens=prompt_tokens(body.gateway_tokens, k // body.n),
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
             **inputs[k // body.n],
         )
         for k, rid in enumerate(rids)

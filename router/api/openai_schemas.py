@@ -77,7 +77,6 @@ UNSUPPORTED_OPENAI = {
     "use_beam_search": "beam search is not implemented",
     "allowed_token_ids": "use logit_bias to favour or ban tokens",
     "bad_words": "use logit_bias to ban tokens",
-    "truncate_prompt_tokens": "prompts are not truncated: a prompt too long for the context is refused",
     "prompt_embeds": "prompts are text or token ids",
     "chat_template": "chats are rendered with the model's own template",
     "guided_whitespace_pattern": "JSON's whitespace is the server's --constrained-json-disable-any-whitespace",
@@ -198,6 +197,8 @@ class OpenAIRequest(BaseModel):
     gateway_tokens: GatewayTokensIn | None = None
     # vLLM's: the prompt's token ids and each choice's output ids beside the text
     return_token_ids: bool = False
+    # vLLM's: the prompt keeps its last this many tokens (-1: as many as the context holds)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     @model_validator(mode="before")
     @classmethod
@@ -283,6 +284,8 @@ class CompletionIn(OpenAIRequest):
         check_generations(len(prompts), len(prompts) * self.n)
         if self.gateway_tokens is not None:
             self.gateway_tokens.check_count(len(prompts))
+        if self.echo and self.truncate_prompt_tokens is not None:
+            raise ValueError("echo repeats the prompt as sent: it cannot be combined with truncate_prompt_tokens")
         return self
 
     def prompts(self) -> list[str | list[int]]:

@@ -105,3 +105,60 @@ def test_a_chat_of_more_messages_than_the_context_has_tokens_is_refused_before_r
     with pytest.raises(RequestRejected, match="the chat has 65 messages; this model's context of 64 tokens"):
         intake.make_request(msg)
     intake.check_chat(chat[:64])  # as many as it has tokens: left to the rendered prompt's own checks
+
+
+def truncating(keep: int | None, ids: list[int], **fields) -> GenerateRequest:
+    return GenerateRequest(
+        rid="r", sampling=SamplingParams(max_new_tokens=4), input_ids=ids, truncate_prompt_tokens=keep, **fields
+    )
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(model_path) -> None:
+    intake = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=1000)
+    ids = list(range(100, 200))
+    assert intake.make_request(truncating(10, ids))[0].prompt_ids.tolist() == ids[-10:]
+    assert intake.make_request(truncating(30, ids[:5]))[0].prompt_ids.tolist() == ids[:5]  # shorter: whole
+    # -1 keeps what the context holds, which leaves no room for an answer
+    with pytest.raises(RequestRejected, match="prompt is too long: 64 tokens > 63 maximum"):
+        intake.make_request(truncating(-1, ids))
+    for keep, why in ((65, "at most this model's context length of 64, got 65"), (-2, "got -2"), (0, "empty")):
+        with pytest.raises(RequestRejected, match=why):
+            intake.make_request(truncating(keep, ids))
+
+
+def test_a_truncated_text_prompt_leaves_nothing_for_the_memo(intake: RequestIntake) -> None:
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    request = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=4), text=text, truncate_prompt_tokens=5)
+    truncated, memo_text = intake.make_request(request)
+    whole, whole_text = intake.make_request(dataclasses.replace(request, truncate_prompt_tokens=None))
+    assert truncated.prompt_ids.tolist() == whole.prompt_ids[-5:].tolist()
+    assert (memo_text, whole_text) == (None, text)
+
+
+def test_truncating_a_chat_pinned_from_its_start_is_refused(intake: RequestIntake) -> None:
+    chat = [{"role": "user", "content": "Hello there, how are you today?"}]
+    pinned = GenerateRequest(
+        rid="r", sampling=SamplingParams(max_new_tokens=4), messages=chat, pins=[PromptPin(60.0, 1)]
+    )
+    with pytest.raises(RequestRejected, match="cache_control pins"):
+        intake.make_request(dataclasses.replace(pinned, truncate_prompt_tokens=3))
+    # a limit the chat fits in cuts nothing
+    assert intake.make_request(dataclasses.replace(pinned, truncate_prompt_tokens=1000))[0].pins
+
+
+def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_path, caplog) -> None:
+    intake = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=1000, auto_truncate=True)
+    ids = list(range(100, 200))
+    request = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=32), input_ids=ids)
+    with caplog.at_level("WARNING"):
+        truncated, _ = intake.make_request(request)
+    assert truncated.prompt_ids.tolist() == ids[:63] and truncated.sampling.max_new_tokens == 1
+    assert "a prompt of 100 tokens is longer than this model's context of 64 tokens" in caplog.text
+    # a prompt that fits keeps its tokens; its limit is lowered to the room, not refused
+    fitting, _ = intake.make_request(dataclasses.replace(request, input_ids=ids[:40]))
+    assert fitting.prompt_ids.tolist() == ids[:40] and fitting.sampling.max_new_tokens == 24
+    # without the flag the same requests are refused
+    strict = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=1000)
+    for ids_ in (ids, ids[:40]):
+        with pytest.raises(RequestRejected):
+            strict.make_request(dataclasses.replace(request, input_ids=ids_))

@@ -297,7 +297,6 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
         ("use_beam_search", True),
         ("allowed_token_ids", [5, 6]),
         ("bad_words", ["x"]),
-        ("truncate_prompt_tokens", 8),
         ("chat_template", "{{ messages }}"),
         ("logits_processors", ["my.module:Processor"]),
         ("prompt_logprobs", 2),
@@ -309,6 +308,15 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
 def test_vllms_extensions_it_cannot_honour_are_refused_unless_null_or_empty(field: str, value) -> None:
     assert field in refusal(ChatCompletionIn, {"messages": CHAT, field: value})
     ChatCompletionIn.model_validate({"messages": CHAT, field: type(value)()})  # False, [], 0, ""
+
+
+def test_truncate_prompt_tokens_is_minus_one_or_more_and_not_echoed() -> None:
+    assert (
+        ChatCompletionIn.model_validate({"messages": CHAT, "truncate_prompt_tokens": -1}).truncate_prompt_tokens == -1
+    )
+    assert CompletionIn.model_validate({"prompt": "hi", "truncate_prompt_tokens": 8}).truncate_prompt_tokens == 8
+    assert "truncate_prompt_tokens" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": -2})
+    assert "echo" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": 8, "echo": True})
 
 
 def test_add_generation_prompt_false_goes_with_continue_final_message_as_vllm_sends_them() -> None:
