@@ -55,6 +55,13 @@ def test_auto_truncation_keeps_the_beginning_and_lowers_the_limit(truncating):
         truncating, "/generate", {"input_ids": ids[: CONTEXT - 1], "sampling_params": {**GREEDY, "max_new_tokens": 1}}
     ).json()
     assert answer["output_ids"] == head["output_ids"]
+    # token ids too, as many as the schema lets a body hold (the context's length)
+    whole = post(
+        truncating, "/generate", {"input_ids": ids[:CONTEXT], "sampling_params": {**GREEDY, "max_new_tokens": 1}}
+    )
+    assert (
+        whole.json()["meta_info"]["prompt_tokens"] == CONTEXT - 1 and whole.json()["output_ids"] == head["output_ids"]
+    )
     # a prompt that fits keeps its tokens, and asks more than the room: lowered, not refused
     body = {"model": "any", "prompt": ids[:100], "max_tokens": 100, "temperature": 0, "ignore_eos": True}
     usage = post(truncating, "/v1/completions", body).json()["usage"]
