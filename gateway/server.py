@@ -30,6 +30,7 @@ from radixcluster.router.api.auth import BearerAuth
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
+from radixcluster.router.api.vertex import VertexPredict, predict_route
 from radixcluster.router.text.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,10 @@ def create_app(config: GatewayConfig) -> ASGIApp:
     app.include_router(gateway_routes(ctx))
     app.include_router(gateway_cache_routes(ctx))
     app.include_router(gateway_profile_routes(ctx))
-    served = Invocations(FastPath(ctx, app), config.max_body_bytes)  # SageMaker's call goes the fast path
+    # SageMaker's and Vertex AI's calls go the fast path as the calls they are
+    served = VertexPredict(
+        Invocations(FastPath(ctx, app), config.max_body_bytes), config.max_body_bytes, predict_route()
+    )
     if config.api_key or config.tenant_keys:
         # outermost: the fast path and FastAPI's routes see the same tenant (current_tenant)
         return BearerAuth(

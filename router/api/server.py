@@ -31,6 +31,7 @@ from radixcluster.router.api.openai_routes import openai_routes
 from radixcluster.router.api.parser_routes import parser_routes
 from radixcluster.router.api.responses_routes import responses_routes
 from radixcluster.router.api.router_client import RouterClient
+from radixcluster.router.api.vertex import VertexPredict, predict_route
 
 __all__ = ["ApiConfig", "create_app", "run_api_server"]
 
@@ -84,6 +85,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(cache_routes(ctx))
     # inside the auth: a body is read only for a caller with a key
     app.add_middleware(Invocations, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(VertexPredict, max_body_bytes=config.max_body_bytes, route=predict_route())
     if config.api_key or config.tenant_keys:
         app.add_middleware(
             BearerAuth,

@@ -43,6 +43,7 @@ def test_health_needs_no_key(secured):
         ("POST", "/start_profile"),
         ("POST", "/stop_profile"),
         ("POST", "/invocations"),
+        ("POST", "/vertex_generate"),
     ],
 )
 def test_requests_without_the_key_are_refused(secured, headers, method, path):

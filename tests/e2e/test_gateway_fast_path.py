@@ -114,6 +114,17 @@ def test_sagemakers_invocations_go_the_fast_path(servers) -> None:
     assert post(gateway, "/invocations", {"input": "Hi"}).status_code == 400
 
 
+def test_vertex_predictions_go_the_fast_path(servers) -> None:
+    replica, gateway = servers
+    call = {
+        "instances": [{"text": "One, two,"}],
+        "parameters": {"sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+    }
+    (direct,), (through,) = (post(s, "/vertex_generate", call).json()["predictions"] for s in servers)
+    assert through["text"] == direct["text"] and through["meta_info"]["replica"] == replica.url
+    assert post(gateway, "/vertex_generate", {"instances": [{"prompt": "Hi"}]}).status_code == 400
+
+
 def test_the_replica_serves_the_ids_the_gateway_tokenized(servers, model_path) -> None:
     replica, gateway = servers
     tokenizer = load_tokenizer(model_path)

@@ -255,3 +255,21 @@ def test_non_streaming_client_that_leaves_aborts_its_request(server):
     wait_idle(server)
     assert metric_value(server, "radixcluster_generation_tokens_total") - generated < LONG_RUN
     assert generate(server, PROMPT, max_new_tokens=2)["meta_info"]["completion_tokens"] <= 2
+
+
+def test_vertex_predictions_are_the_generate_answers_of_the_instances(server):
+    """Vertex AI's call, on SGLang's default route: {"instances", "parameters"} is one /generate."""
+    params = {**GREEDY, "max_new_tokens": 4}
+    prompts = ["The capital of France is", "One, two, three,"]
+    call = {"instances": [{"text": p} for p in prompts], "parameters": {"sampling_params": params}}
+    predictions = post(server, "/vertex_generate", call).json()["predictions"]
+    answers = post(server, "/generate", {"text": prompts, "sampling_params": params}).json()
+    assert [p["text"] for p in predictions] == [a["text"] for a in answers]
+    assert [p["output_ids"] for p in predictions] == [a["output_ids"] for a in answers]
+    assert post(server, "/vertex_generate", {"instances": []}).json() == []
+    refused = post(
+        server,
+        "/vertex_generate",
+        {"instances": [{"text": "hi"}], "parameters": {"sampling_params": {"temperature": -1}}},
+    )
+    assert refused.status_code == 400 and "temperature" in refused.json()["error"]["message"]
