@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive
+from starlette.types import Message, Receive
 
 from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
@@ -227,6 +227,21 @@ async def receive_body(receive: Receive, headers: Headers, max_bytes: int, empty
     if size == 0 and not empty_ok:
         raise ApiError(400, "the request body is empty; send a JSON object")
     return b"".join(chunks)
+
+
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` whole once (a body read ahead, or made anew), then what
+    the client sends next (its disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:

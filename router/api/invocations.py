@@ -10,9 +10,9 @@ import json
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixcluster.router.api.errors import ApiError, failure_response, receive_body
+from radixcluster.router.api.errors import ApiError, failure_response, receive_body, replayed
 
 INVOCATIONS = "/invocations"
 # the body's field that names the call, in the order vLLM tries them
@@ -53,14 +53,4 @@ class Invocations:
         except ApiError as exc:
             await failure_response(exc, "POST", INVOCATIONS)(scope, receive, send)
             return
-        sent = False
-
-        async def replay() -> Message:
-            """The body once, then what the client sends next (its disconnect)."""
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self._app({**scope, "path": path, "raw_path": path.encode()}, replay, send)
+        await self._app({**scope, "path": path, "raw_path": path.encode()}, replayed(body, receive), send)

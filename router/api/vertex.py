@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixcluster.router.api.errors import ApiError, failure_response, receive_body
+from radixcluster.router.api.errors import ApiError, failure_response, receive_body, replayed
 
 PREDICT_ROUTE_ENV = "AIP_PREDICT_ROUTE"
 DEFAULT_PREDICT_ROUTE = "/vertex_generate"
@@ -86,20 +86,10 @@ class VertexPredict:
             await JSONResponse([])(scope, receive, send)
             return
         body = json.dumps(generate).encode()
-        sent = False
-
-        async def replay() -> Message:
-            """The /generate body once, then what the client sends next (its disconnect)."""
-            nonlocal sent
-            if sent:
-                return await receive()
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         inner = {**scope, "path": GENERATE, "raw_path": GENERATE.encode(), "headers": headers}
-        await self._app(inner, replay, _Predictions(send))
+        await self._app(inner, replayed(body, receive), _Predictions(send))
 
 
 class _Predictions:
