@@ -35,8 +35,9 @@ REASONS = {
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """Answers 431 and ends the connection once a request's head passes MAX_HEAD_BYTES; 408 once
-    the client has sent nothing for ``read_timeout_s`` while a request is unfinished or before the
-    first; and 503 to a request still being received when the server shuts down."""
+    the client has sent nothing for ``read_timeout_s`` while a request is unfinished (before the
+    first request, the connection is closed then); and 503 to a request still being received
+    when the server shuts down."""
 
     def __init__(self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -118,6 +119,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # the wait is ours (the app has not read the body it holds, or still answers an
             # earlier request), not the client's
             self._await_bytes()
+            return
+        if not self._receiving:
+            # no request begun: closed without an answer (as nginx and uvicorn's keep-alive close
+            # an idle connection), which a client that writes a request on it later cannot take
+            # for the answer to that request
+            self.transport.close()
             return
         self._refuse(REQUEST_TIMEOUT, f"nothing of the request came for {self.read_timeout_s:g} s")
 
