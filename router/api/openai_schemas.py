@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from radixcluster.protocol import PromptPin, SamplingParams
+from radixcluster.protocol import INT32_MAX, PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
@@ -198,7 +198,7 @@ class OpenAIRequest(BaseModel):
     # vLLM's: the prompt's token ids and each choice's output ids beside the text
     return_token_ids: bool = False
     # vLLM's: the prompt keeps its last this many tokens (-1: as many as the context holds)
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, le=INT32_MAX)
 
     @model_validator(mode="before")
     @classmethod

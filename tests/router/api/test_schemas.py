@@ -316,6 +316,7 @@ def test_truncate_prompt_tokens_is_minus_one_or_more_and_not_echoed() -> None:
     )
     assert CompletionIn.model_validate({"prompt": "hi", "truncate_prompt_tokens": 8}).truncate_prompt_tokens == 8
     assert "truncate_prompt_tokens" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": -2})
+    assert "truncate_prompt_tokens" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": 10**30})
     assert "echo" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": 8, "echo": True})
 
 
