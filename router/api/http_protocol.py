@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -25,12 +26,6 @@ REQUEST_TIMEOUT = 408
 # after a refusal, what the client still sends is read and dropped this long before the close:
 # closing with its bytes unread would reset the connection, and the reset can destroy the answer
 LINGER_S = 2.0
-
-REASONS = {
-    HEAD_TOO_LARGE: "Request Header Fields Too Large",
-    REQUEST_TIMEOUT: "Request Timeout",
-    503: "Service Unavailable",
-}
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -135,7 +130,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         path = cycle.scope["path"] if cycle is not None else ""
         body = json.dumps(error_body(status, message, path=path)).encode()
         head = (
-            f"HTTP/1.1 {status} {REASONS[status]}\r\n"
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self._refused = True

@@ -128,28 +128,22 @@ _ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.
 _E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-class _RouterStats:
-    """A collector over one ``stats`` payload."""
-
-    def __init__(self, stats: dict[str, Any]) -> None:
-        self._stats = stats
-
-    def collect(self) -> list[Metric]:
-        families: list[Metric] = []
-        for name, key, doc in _COUNTERS:
-            if key in self._stats:
-                families.append(CounterMetricFamily(name, doc, value=float(self._stats[key])))
-        for name, key, doc in _GAUGES:
-            if key in self._stats:
-                families.append(GaugeMetricFamily(name, doc, value=float(self._stats[key])))
-        for name, key, doc in _HISTOGRAMS:
-            if key in self._stats:
-                h = self._stats[key]
-                buckets = [(repr(float(b)), c) for b, c in zip(h["buckets"], h["counts"])]
-                buckets.append(("+Inf", h["count"]))
-                families.append(HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"]))
-        families += _tenant_counters(self._stats.get("tenants") or {})
-        return families
+def _router_families(stats: dict[str, Any]) -> list[Metric]:
+    """The families of one ``stats`` payload."""
+    families: list[Metric] = []
+    for name, key, doc in _COUNTERS:
+        if key in stats:
+            families.append(CounterMetricFamily(name, doc, value=float(stats[key])))
+    for name, key, doc in _GAUGES:
+        if key in stats:
+            families.append(GaugeMetricFamily(name, doc, value=float(stats[key])))
+    for name, key, doc in _HISTOGRAMS:
+        if key in stats:
+            h = stats[key]
+            buckets = [(repr(float(b)), c) for b, c in zip(h["buckets"], h["counts"])]
+            buckets.append(("+Inf", h["count"]))
+            families.append(HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h["sum"]))
+    return families + _tenant_counters(stats.get("tenants") or {})
 
 
 def _tenant_counters(tenants: dict[str, dict[str, int]]) -> list[Metric]:
@@ -231,20 +225,25 @@ def _vllm_pool(pool: _Pool, labels: dict[str, str]) -> list[Metric]:
     ]
 
 
-class _PeerNames:
+def _peer_families(own: list[Metric], stats: dict[str, Any], model_name: str) -> list[Metric]:
     """SGLang's and vLLM's names of the families of ``own``, and their KV-pool gauges."""
+    sglang = {"model_name": model_name}
+    vllm = {"model_name": model_name, "engine": "0"}
+    families = _renamed(own, _SGLANG_NAMES, sglang) + _renamed(own, _VLLM_NAMES, vllm)
+    pool = _Pool.of(stats)
+    if pool is not None:
+        families += _sglang_pool(pool, sglang) + _vllm_pool(pool, vllm)
+    return families
 
-    def __init__(self, own: list[Metric], stats: dict[str, Any], model_name: str) -> None:
-        self._own, self._pool, self._model = own, _Pool.of(stats), model_name
+
+class _Families:
+    """A collector of families already collected: each scrape collects once and renders once."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
 
     def collect(self) -> list[Metric]:
-        sglang = {"model_name": self._model}
-        vllm = {"model_name": self._model, "engine": "0"}
-        families = _renamed(self._own, _SGLANG_NAMES, sglang)
-        families += _renamed(self._own, _VLLM_NAMES, vllm)
-        if self._pool is not None:
-            families += _sglang_pool(self._pool, sglang) + _vllm_pool(self._pool, vllm)
-        return families
+        return self._families
 
 
 class ApiMetrics:
@@ -286,9 +285,7 @@ class ApiMetrics:
     def render(self, router_stats: dict[str, Any], model_name: str) -> bytes:
         """Prometheus text: the router's counters, gauges and step histogram, then the api's own,
         then SGLang's and vLLM's names of them for the served ``model_name``."""
+        own = [*_router_families(router_stats), *self.registry.collect()]
         scrape = CollectorRegistry()
-        scrape.register(_RouterStats(router_stats))
-        own = [*scrape.collect(), *self.registry.collect()]
-        peers = CollectorRegistry()
-        peers.register(_PeerNames(own, router_stats, model_name))
-        return generate_latest(scrape) + generate_latest(self.registry) + generate_latest(peers)
+        scrape.register(_Families([*own, *_peer_families(own, router_stats, model_name)]))
+        return generate_latest(scrape)
