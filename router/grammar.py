@@ -1,13 +1,14 @@
 """Constrained decoding with xgrammar: compiled regex / JSON-schema / EBNF grammars (cached per
-spec, compiled on a thread of their own so the router loop never waits for one), one matcher per
-request, and the per-step vocab bitmask the worker applies before sampling."""
+spec, compiled on a thread of their own so the router loop never waits for one, each new spec
+tried first in a child process that is stopped at its deadline), one matcher per request, and
+the per-step vocab bitmask the worker applies before sampling."""
 
 from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,27 +18,14 @@ import numpy as np
 import xgrammar as xgr
 
 from radixcluster.protocol import SamplingParams
+from radixcluster.router.grammar_compile import GRAMMAR_KINDS, CompileProbe, compile_spec, new_compiler
 from radixcluster.router.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 # distinct specs kept compiled; the least recently used goes first (clients can send any number)
 MAX_CACHED_GRAMMARS = 256
-# xgrammar threads per compile: the compile thread shares the cores with the router loop and the
-# workers, so one compile never takes more than one core
-COMPILE_THREADS = 1
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
-# whitespace characters between two JSON tokens: room for a newline and 4-space indentation 15
-# levels deep, as models pretty-print, while a sampled answer cannot pad a document forever
-JSON_MAX_WHITESPACE = 64
 GrammarKey = tuple[str, str]  # (kind, spec)
-# xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: " and sometimes a failed check
-_ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
-_MAX_ERROR_CHARS = 400
-
-
-class GrammarError(ValueError):
-    """A regex, JSON schema or EBNF grammar that does not compile; the message says why."""
 
 
 @dataclass(slots=True)
@@ -64,14 +52,23 @@ class RequestGrammar:
         return None
 
 
+@dataclass(slots=True, frozen=True)
+class _Job:
+    key: GrammarKey
+    deadline: float  # time.monotonic()
+    timeout_s: float
+    future: Future[xgr.CompiledGrammar]
+
+
 class GrammarCache:
     """Compiles grammars for one tokenizer and model vocabulary; each distinct (kind, spec) is
     compiled once and kept (LRU, ``MAX_CACHED_GRAMMARS`` entries).
 
     ``compile`` compiles on the caller's thread. The router uses ``lookup`` and
     ``compile_in_background`` instead: a spec not cached yet compiles on a daemon thread while the
-    loop goes on, and ``collect`` (on the router's thread, like every other method) caches what
-    that thread finished."""
+    loop goes on, once it has compiled in the child process (``CompileProbe``) before its
+    deadline, and ``collect`` (on the router's thread, like every other method) caches what that
+    thread finished."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, json_any_whitespace: bool = True) -> None:
         self.vocab_size = vocab_size
@@ -79,13 +76,12 @@ class GrammarCache:
         # with theirs), or compact separators only (--constrained-json-disable-any-whitespace)
         self.json_any_whitespace = json_any_whitespace
         self.mask_width = -(-vocab_size // 32)
-        # our own cache bounds memory; xgrammar's would grow with every distinct spec
-        self._compiler = xgr.GrammarCompiler(
-            tokenizer_info(tokenizer, vocab_size), max_threads=COMPILE_THREADS, cache_enabled=False
-        )
+        info = tokenizer_info(tokenizer, vocab_size)
+        self._compiler = new_compiler(info)
+        self._probe = CompileProbe(info)
         self._compiled: OrderedDict[GrammarKey, xgr.CompiledGrammar] = OrderedDict()
         self._inflight: dict[GrammarKey, Future[xgr.CompiledGrammar]] = {}
-        self._jobs: queue.SimpleQueue[tuple[GrammarKey, Future[xgr.CompiledGrammar]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.hits = 0
         self.misses = 0
@@ -110,13 +106,14 @@ class GrammarCache:
         self.hits += 1
         return compiled
 
-    def compile_in_background(self, key: GrammarKey) -> Future[xgr.CompiledGrammar]:
+    def compile_in_background(self, key: GrammarKey, timeout_s: float) -> Future[xgr.CompiledGrammar]:
         """A future of ``key``'s compiled grammar (or its GrammarError), shared by every request
-        that asks while it compiles."""
+        that asks while it compiles; a spec not compiled within ``timeout_s`` of the first ask
+        (waiting for the compiles ahead of it included) is stopped, its future a GrammarError."""
         future = self._inflight.get(key)
         if future is None:
             future = self._inflight[key] = Future()
-            self._jobs.put((key, future))
+            self._jobs.put(_Job(key, time.monotonic() + timeout_s, timeout_s, future))
             if self._thread is None:
                 # a daemon: a compile still running never holds the process up at exit
                 self._thread = threading.Thread(target=self._work, name="grammar-compile", daemon=True)
@@ -125,7 +122,7 @@ class GrammarCache:
 
     def collect(self) -> None:
         """Cache the grammars the compile thread finished, also those nobody waits for any more
-        (their requests timed out or left), so the next request with that spec finds it."""
+        (their requests left), so the next request with that spec finds it."""
         for key, future in list(self._inflight.items()):
             if future.done():
                 del self._inflight[key]
@@ -137,11 +134,14 @@ class GrammarCache:
 
     def _work(self) -> None:
         while True:
-            (kind, spec), future = self._jobs.get()
+            job = self._jobs.get()
+            kind, spec = job.key
             try:
-                future.set_result(self._compile(kind, spec))
+                left = job.deadline - time.monotonic()
+                self._probe.check(kind, spec, self.json_any_whitespace, left, job.timeout_s)
+                job.future.set_result(self._compile(kind, spec))
             except Exception as exc:  # handed to the request that waits; the thread goes on
-                future.set_exception(exc)
+                job.future.set_exception(exc)
 
     def _store(self, key: GrammarKey, compiled: xgr.CompiledGrammar) -> None:
         self._compiled[key] = compiled
@@ -150,18 +150,7 @@ class GrammarCache:
             self._compiled.popitem(last=False)
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
-        try:
-            if kind == "regex":
-                return self._compiler.compile_regex(spec)
-            if kind == "json_schema":
-                return self._compiler.compile_json_schema(
-                    spec, any_whitespace=self.json_any_whitespace, max_whitespace_cnt=JSON_MAX_WHITESPACE
-                )
-            if kind == "ebnf":
-                return self._compiler.compile_grammar(spec)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise GrammarError(f"invalid {kind}: {_clean(str(exc))}") from exc
-        raise ValueError(f"unknown grammar kind {kind!r}")
+        return compile_spec(self._compiler, kind, spec, self.json_any_whitespace)
 
     def for_request(self, sampling: SamplingParams) -> RequestGrammar | None:
         """A fresh matcher for the grammar ``sampling`` asks for, or None when it asks for none."""
@@ -197,8 +186,3 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
         stop_token_ids=list(tokenizer.eos_token_ids),
         add_prefix_space=meta["add_prefix_space"],
     )
-
-
-def _clean(message: str) -> str:
-    text = _ERROR_PREFIX.sub("", message.strip())
-    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."

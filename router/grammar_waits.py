@@ -13,7 +13,8 @@ from typing import Generic, TypeVar
 
 import xgrammar as xgr
 
-from radixcluster.router.grammar import GrammarCache, GrammarError, GrammarKey, RequestGrammar
+from radixcluster.router.grammar import GrammarCache, GrammarKey, RequestGrammar
+from radixcluster.router.grammar_compile import GrammarError, too_slow
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,11 @@ class GrammarWaits(Generic[T]):
         return list(self._waits)
 
     def add(self, rid: str, key: GrammarKey, payload: T) -> None:
-        future = self.grammars.compile_in_background(key)
+        future = self.grammars.compile_in_background(key, self.timeout_s)
         self._waits[rid] = _Wait(key, future, self._clock() + self.timeout_s, payload)
 
     def cancel(self, rid: str) -> bool:
-        """Stop waiting for ``rid`` (its client left); the compile itself finishes and is cached."""
+        """Stop waiting for ``rid`` (its client left); the compile itself goes on and is cached."""
         return self._waits.pop(rid, None) is not None
 
     def finished(self) -> list[GrammarOutcome[T]]:
@@ -81,9 +82,7 @@ class GrammarWaits(Generic[T]):
             if wait.future.done():
                 ended.append(self._outcome(rid, wait))
             elif now >= wait.deadline:
-                kind = wait.key[0].replace("_", " ")
-                message = f"the {kind} did not compile within {self.timeout_s:g} s: simplify it"
-                ended.append(GrammarOutcome(wait.payload, None, message, 400))
+                ended.append(GrammarOutcome(wait.payload, None, too_slow(wait.key[0], self.timeout_s), 400))
             else:
                 continue
             del self._waits[rid]

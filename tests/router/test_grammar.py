@@ -11,7 +11,8 @@ import pytest
 
 from radixcluster.protocol import ForwardBatch, SamplingParams, StepResult
 from radixcluster.router.batch_builder import build_vocab_mask
-from radixcluster.router.grammar import GrammarCache, GrammarError, RequestGrammar
+from radixcluster.router.grammar import GrammarCache, RequestGrammar
+from radixcluster.router.grammar_compile import GrammarError
 from radixcluster.router.request import Request
 from radixcluster.router.scheduler import Scheduler, SchedulerConfig
 from radixcluster.router.text.tokenizer import Tokenizer, load_tokenizer

@@ -1,0 +1,153 @@
+"""Compiling one regex / JSON-schema / EBNF spec with xgrammar, and trying each new spec first in
+a child process under a deadline: xgrammar's time on some specs grows exponentially (a schema
+nested a few hundred levels, a regex of long counted repetitions), and a compile that runs past
+its deadline is stopped with its process, its core and memory with it, instead of holding the
+router's compile thread for minutes and every spec queued behind it."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+import xgrammar as xgr
+
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+# xgrammar threads per compile: compiles share the cores with the router loop and the workers,
+# so one compile never takes more than one core
+COMPILE_THREADS = 1
+# whitespace characters between two JSON tokens: room for a newline and 4-space indentation 15
+# levels deep, as models pretty-print, while a sampled answer cannot pad a document forever
+JSON_MAX_WHITESPACE = 64
+# xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: " and sometimes a failed check
+_ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+_MAX_ERROR_CHARS = 400
+# how often the child checks that the router still runs (a compile releases the GIL)
+_PARENT_CHECK_S = 0.5
+
+
+class GrammarError(ValueError):
+    """A regex, JSON schema or EBNF grammar that does not compile (in time); the message says why."""
+
+
+def too_slow(kind: str, timeout_s: float) -> str:
+    return f"the {kind.replace('_', ' ')} did not compile within {timeout_s:g} s: simplify it"
+
+
+def new_compiler(tokenizer_info: xgr.TokenizerInfo) -> xgr.GrammarCompiler:
+    # our cache bounds memory; xgrammar's would grow with every distinct spec
+    return xgr.GrammarCompiler(tokenizer_info, max_threads=COMPILE_THREADS, cache_enabled=False)
+
+
+def compile_spec(compiler: xgr.GrammarCompiler, kind: str, spec: str, any_whitespace: bool) -> xgr.CompiledGrammar:
+    """``spec`` compiled; GrammarError with xgrammar's explanation if it does not compile.
+    ``any_whitespace``: a JSON schema's documents may put any whitespace between tokens (SGLang's
+    and vLLM's default), else compact separators only."""
+    try:
+        if kind == "regex":
+            return compiler.compile_regex(spec)
+        if kind == "json_schema":
+            return compiler.compile_json_schema(
+                spec, any_whitespace=any_whitespace, max_whitespace_cnt=JSON_MAX_WHITESPACE
+            )
+        if kind == "ebnf":
+            return compiler.compile_grammar(spec)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise GrammarError(f"invalid {kind}: {_clean(str(exc))}") from exc
+    raise ValueError(f"unknown grammar kind {kind!r}")
+
+
+class CompileProbe:
+    """The child process that compiles each spec first (started at the first one, and again
+    after one is stopped). A spec that compiles there within its time compiles here as fast.
+    A plain subprocess: the router is a daemonic multiprocessing process, which may start none."""
+
+    def __init__(self, tokenizer_info: xgr.TokenizerInfo) -> None:
+        self._tokenizer_info = tokenizer_info.serialize_json()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's, while one runs."""
+        return None if self._process is None else self._process.pid
+
+    def check(self, kind: str, spec: str, any_whitespace: bool, timeout_s: float, limit_s: float) -> None:
+        """Return once ``spec`` has compiled in the child within ``timeout_s`` (what is left of
+        its request's ``limit_s``); else GrammarError saying why it does not compile, or that it
+        did not within ``limit_s`` (the child is stopped then)."""
+        if timeout_s <= 0:
+            raise GrammarError(too_slow(kind, limit_s))
+        conn = self._connection()
+        conn.send((kind, spec, any_whitespace))
+        if not conn.poll(timeout_s):
+            self.close()
+            raise GrammarError(too_slow(kind, limit_s))
+        try:
+            error = conn.recv()
+        except EOFError:
+            self.close()
+            raise RuntimeError("the grammar compile process exited (its log has why)") from None
+        if error is not None:
+            raise GrammarError(error)
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            ours, theirs = socket.socketpair()
+            with ours, theirs:
+                command = [sys.executable, "-m", __name__, str(theirs.fileno()), str(os.getpid())]
+                self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
+                self._conn = Connection(ours.detach())
+            self._conn.send(self._tokenizer_info)
+        return self._conn
+
+
+def _serve(conn: Connection, parent: int) -> None:
+    """The child: compile each spec it is sent, answer None or why it does not compile."""
+    threading.Thread(target=_exit_without, args=(parent,), daemon=True).start()
+    compiler = None
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if compiler is None:  # the first message is the tokenizer's
+            compiler = new_compiler(xgr.TokenizerInfo.deserialize_json(message))
+            continue
+        kind, spec, any_whitespace = message
+        try:
+            compile_spec(compiler, kind, spec, any_whitespace)
+            conn.send(None)
+        except GrammarError as exc:
+            conn.send(str(exc))
+
+
+def _exit_without(parent: int) -> None:
+    """End the child when the router is gone, even in the middle of a compile (a SIGKILLed
+    router closes no pipe the compile would notice)."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_S)
+    os._exit(0)
+
+
+def _clean(message: str) -> str:
+    text = _ERROR_PREFIX.sub("", message.strip())
+    return text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "..."
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))

@@ -1,0 +1,89 @@
+"""The compile probe with the real SmolLM2 tokenizer and real child processes: a spec that runs
+past its time is stopped with its process (the next spec gets a fresh one), a bad spec says why
+from the child, and the child never outlives a SIGKILLed router."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from radixcluster.process_tree import is_running
+from radixcluster.router.grammar import tokenizer_info
+from radixcluster.router.grammar_compile import CompileProbe, GrammarError
+from radixcluster.router.text.tokenizer import load_tokenizer
+from support.streams import wait_gone
+
+VOCAB = 49152
+# xgrammar takes ~15 s on this on the CI machine (counted repetitions of every length to 199)
+SLOW_REGEX = "(" + "|".join(f"[a-z]{{{n}}}" for n in range(1, 200)) + ")"
+
+
+@pytest.fixture(scope="module")
+def info(model_path):
+    return tokenizer_info(load_tokenizer(model_path), VOCAB)
+
+
+def test_a_spec_past_its_time_is_stopped_with_its_process_and_the_next_spec_gets_a_fresh_one(info):
+    probe = CompileProbe(info)
+    try:
+        started = time.monotonic()
+        with pytest.raises(GrammarError, match=r"^the regex did not compile within 10 s: simplify it$"):
+            probe.check("regex", SLOW_REGEX, True, timeout_s=3.0, limit_s=10.0)
+        assert 3.0 <= time.monotonic() - started < 8.0
+        assert probe.pid is None  # stopped, not left compiling
+        probe.check("regex", "[0-9]{3}", True, timeout_s=30.0, limit_s=30.0)
+        child = probe.pid
+        assert child is not None and is_running(child)
+    finally:
+        probe.close()
+    assert probe.pid is None and not is_running(child)
+
+
+def test_a_bad_spec_says_why_from_the_child_and_no_time_left_is_too_slow_at_once(info):
+    probe = CompileProbe(info)
+    try:
+        with pytest.raises(GrammarError, match="invalid json_schema: .*Failed to parse JSON"):
+            probe.check("json_schema", '{"type": "object"', True, timeout_s=30.0, limit_s=30.0)
+        probe.check("json_schema", '{"type": "object"}', False, timeout_s=30.0, limit_s=30.0)
+        with pytest.raises(GrammarError, match="did not compile within 10 s"):
+            probe.check("ebnf", 'root ::= "a"', True, timeout_s=0.0, limit_s=10.0)
+    finally:
+        probe.close()
+
+
+def test_the_child_ends_when_its_router_is_killed_in_the_middle_of_a_compile(model_path, tmp_path):
+    """A stand-in router process: its probe compiles the slow regex when it is SIGKILLed."""
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from pathlib import Path
+        from radixcluster.router.grammar import tokenizer_info
+        from radixcluster.router.grammar_compile import CompileProbe
+        from radixcluster.router.text.tokenizer import load_tokenizer
+
+        if __name__ == "__main__":
+            probe = CompileProbe(tokenizer_info(load_tokenizer(Path({str(model_path)!r})), {VOCAB}))
+            args = ("regex", {SLOW_REGEX!r}, True, 600.0, 600.0)
+            threading.Thread(target=probe.check, args=args, daemon=True).start()
+            while probe.pid is None:
+                time.sleep(0.05)
+            time.sleep(3.0)  # the child has loaded and is compiling
+            print(probe.pid, flush=True)
+            time.sleep(600)
+        """
+    )
+    (tmp_path / "router.py").write_text(script)
+    router = subprocess.Popen([sys.executable, str(tmp_path / "router.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(router.stdout.readline())
+        os.kill(router.pid, signal.SIGKILL)
+        router.wait()
+        assert wait_gone({child}, deadline_s=10.0) == set()
+    finally:
+        router.kill()
