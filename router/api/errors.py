@@ -11,13 +11,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive
 
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,9 @@ def error_body(status: int, message: str, param: str | None = None, path: str = 
     return {"error": {"message": message, "type": error_type(status), "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None, path: str = "") -> JSONResponse:
+def error_response(status: int, message: str, param: str | None = None, path: str = "") -> JsonResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse(error_body(status, message, param, path), status_code=status, headers=headers)
+    return JsonResponse(error_body(status, message, param, path), status_code=status, headers=headers)
 
 
 # pydantic's tags of union members in an error's location ("list[str]", "str"); no field is
@@ -244,7 +245,7 @@ def replayed(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def failure_response(exc: Exception, method: str, path: str) -> JSONResponse:
+def failure_response(exc: Exception, method: str, path: str) -> JsonResponse:
     """The error response to an exception raised while serving ``method path``; an unexpected
     one is logged, its details kept from whoever sent the request."""
     status, message, param = 500, "internal error (logged on the server)", None
@@ -279,7 +280,7 @@ def install_error_handlers(app: FastAPI, on_error: Callable[[int], None] | None 
     """Route every exception to a JSON error body; the server keeps serving. ``on_error`` is
     told the status of each (the rejection metrics)."""
 
-    async def handle(request: Request, exc: Exception) -> JSONResponse:
+    async def handle(request: Request, exc: Exception) -> JsonResponse:
         response = failure_response(exc, request.method, request.url.path)
         if on_error is not None:
             on_error(response.status_code)

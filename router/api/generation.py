@@ -4,7 +4,6 @@ the sub-requests of a batch, abort when the client leaves, and speak SSE."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.api.auth import current_tenant
 from radixcluster.router.api.errors import ApiError, anthropic_path, error_body
+from radixcluster.router.api.json_text import utf8_json
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
 
@@ -271,8 +271,8 @@ async def collect(request: Request, streams: list[AsyncIterator[Generation]]) ->
 
 
 def sse(payload: Any, event: str | None = None) -> bytes:
-    named = f"event: {event}\n" if event is not None else ""
-    return f"{named}data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+    named = f"event: {event}\n".encode() if event is not None else b""
+    return named + b"data: " + utf8_json(payload) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"

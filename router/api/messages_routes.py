@@ -8,12 +8,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.auth import holds_admin
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import refusable_call
 from radixcluster.router.api.generation import Generation, collect, start_stream
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.messages_output import MessageEvents, MessageView
 from radixcluster.router.api.messages_schemas import MessagesChat, MessagesIn
 from radixcluster.router.api.openai_routes import answer_reader, start_generations
@@ -54,7 +54,7 @@ def messages_routes(ctx: ApiContext) -> APIRouter:
         if body.stream:
             return await start_stream(request, _events(stream, view), typed=True)
         (gen,) = await collect(request, [stream])
-        return JSONResponse(view.message(gen, view.read(gen)))
+        return JsonResponse(view.message(gen, view.read(gen)))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> dict[str, int]:

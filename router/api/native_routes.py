@@ -9,7 +9,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import JSONResponse
 
 from radixcluster import __version__
 from radixcluster.protocol import GenerateRequest, SamplingParams
@@ -23,6 +22,7 @@ from radixcluster.router.api.generation import (
     run_generation,
     start_stream,
 )
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.metrics import CONTENT_TYPE
 from radixcluster.router.api.native_schemas import GenerateIn
 from radixcluster.router.api.router_client import RouterError, RouterUnavailable
@@ -61,7 +61,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         if body.stream:
             return await start_stream(request, _native_chunks(streams, as_list))
         results = [gen.native() for gen in await collect(request, streams)]
-        return JSONResponse(results if as_list else results[0])
+        return JsonResponse(results if as_list else results[0])
 
     @router.get("/health")
     @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
@@ -120,7 +120,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
             result = await ctx.client.control("flush_cache")
         if not result.get("success", False):
             return error_response(400, result.get("message") or "the router refused to flush the cache")
-        return JSONResponse(result)
+        return JsonResponse(result)
 
     @router.get("/cache_info")
     async def cache_info() -> dict[str, Any]:

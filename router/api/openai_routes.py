@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from radixcluster.protocol import GenerateRequest
 from radixcluster.router.api.auth import admin_check
@@ -31,6 +30,7 @@ from radixcluster.router.api.generation import (
     run_generation,
     start_stream,
 )
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest, ToolsRequest
 from radixcluster.router.api.reasoning import REASONING_FORMATS
@@ -349,7 +349,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                     **({"prompt_token_ids": g.prompt_ids, "token_ids": g.output_ids} if body.return_token_ids else {}),
                 }
             )
-        return JSONResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
+        return JsonResponse({**_head("text_completion", "cmpl", model), "choices": choices, "usage": usage(gens, body)})
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -367,7 +367,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
             choice = {"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended}
             choices.append({**choice, "token_ids": g.output_ids} if body.return_token_ids else choice)
         prompt_ids = {"prompt_token_ids": gens[0].prompt_ids} if body.return_token_ids else {}
-        return JSONResponse(
+        return JsonResponse(
             {
                 **_head("chat.completion", "chatcmpl", model),
                 **prompt_ids,

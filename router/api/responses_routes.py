@@ -9,12 +9,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_routes import refusable_call
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, collect, start_stream
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.openai_routes import answer_reader, chat_logprobs, start_generations
 from radixcluster.router.api.responses_output import TEXT_PARTS, Answer, ResponseView
 from radixcluster.router.api.responses_schemas import ResponsesIn
@@ -165,7 +165,7 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
         if body.stream:
             return await start_stream(request, _events(ctx, stream, view), typed=True)
         (gen,) = await collect(request, [stream])
-        return JSONResponse(view.response(gen, await read_answer(ctx, view, gen)))
+        return JsonResponse(view.response(gen, await read_answer(ctx, view, gen)))
 
     @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
     @router.api_route("/v1/responses/{response_id}/{action:path}", methods=["GET", "POST"])

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixcluster.router.api.errors import lone_surrogate
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat
 
 MAX_TOOLS = 128  # OpenAI's bound
@@ -173,7 +174,9 @@ def _call(name: str, arguments: str) -> dict[str, Any]:
 
 def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An assistant message's earlier ``tool_calls`` as chat templates read them: each function's
-    ``arguments`` a mapping (as transformers documents it), not OpenAI's JSON text."""
+    ``arguments`` a mapping (as transformers documents it), not OpenAI's JSON text. Arguments
+    that are no JSON, or whose escapes spell a lone surrogate (no UTF-8 text holds one), stay
+    the text the client sent."""
     read = []
     for call in calls:
         function = call.get("function")
@@ -181,6 +184,8 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             try:
                 arguments = json.loads(function["arguments"])
             except (json.JSONDecodeError, RecursionError):
+                arguments = function["arguments"]
+            if lone_surrogate(arguments) is not None:
                 arguments = function["arguments"]
             call = {**call, "function": {**function, "arguments": arguments}}
         read.append(call)

@@ -12,10 +12,10 @@ from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixcluster.router.api.errors import ApiError, failure_response, receive_body, replayed
+from radixcluster.router.api.json_text import JsonResponse
 
 PREDICT_ROUTE_ENV = "AIP_PREDICT_ROUTE"
 DEFAULT_PREDICT_ROUTE = "/vertex_generate"
@@ -83,7 +83,7 @@ class VertexPredict:
             await failure_response(exc, "POST", self._route)(scope, receive, send)
             return
         if generate is None:
-            await JSONResponse([])(scope, receive, send)
+            await JsonResponse([])(scope, receive, send)
             return
         body = json.dumps(generate).encode()
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]

@@ -3,6 +3,8 @@ serving: a valid request right after each one succeeds."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import requests
 
@@ -255,6 +257,16 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(server, still_serves, path, 
     )
     message = assert_error(resp, 400, "unicode")
     assert message.startswith(field + ":")
+
+
+def test_earlier_tool_call_arguments_escaping_a_lone_surrogate_reach_the_template_as_written(server, still_serves):
+    """The arguments are JSON text whose escape spells \\ud800: valid JSON, no UTF-8 text once
+    parsed, so the template gets the text (it was a 500 when the parsed value went on the wire)."""
+    arguments = json.dumps({"a": "\ud800"})
+    call = {"id": "1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+    resp = post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 2})
+    assert resp.status_code == 200, resp.text
 
 
 @pytest.mark.parametrize(

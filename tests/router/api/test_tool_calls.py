@@ -183,3 +183,7 @@ def test_the_template_is_given_the_tools_and_earlier_calls_as_mappings() -> None
     assert template_tool_calls([odd])[0]["function"]["arguments"] == "not json"
     deep = {**call, "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}
     assert template_tool_calls([deep])[0]["function"]["arguments"] == "[" * 5000 + "]" * 5000
+    # escapes of a lone surrogate (valid JSON, no UTF-8 text) stay escaped, as the client wrote them
+    for written in ('{"a": "\\ud800"}', '{"\\udfff": 1}'):
+        lone = {**call, "function": {"name": "f", "arguments": written}}
+        assert template_tool_calls([lone])[0]["function"]["arguments"] == written
