@@ -139,6 +139,9 @@ class GenerateRequest:
     truncate_prompt_tokens: int | None = None
     # the text's or the chat's ids as the gateway in front tokenized them, if it did
     tokens: PromptTokens | None = None
+    # SGLang's: false for the server's own probes (/health_generate), which /cache_info and
+    # /metrics do not count
+    log_metrics: bool = True
 
 
 @message

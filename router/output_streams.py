@@ -128,7 +128,7 @@ class OutputStreams:
         """What is new since the last output, merged into what a non-streaming request holds."""
         req = stream.request
         new_ids = req.output_ids[stream.sent_ids :]
-        self.generated_tokens_total += len(new_ids)
+        self.generated_tokens_total += len(new_ids) if req.log_metrics else 0
         out = stream.held or RequestOutput(rid=req.rid)
         out.text += text
         stream.text += text

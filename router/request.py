@@ -32,6 +32,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()
     cache_salt: str | None = None
     tenant: str | None = None  # counted under this tenant (its cache_salt already names it)
+    log_metrics: bool = True  # false: a probe of the server's own, in no counter
     return_logprob: bool = False
     top_logprobs_num: int = 0
     # first prompt position whose logprob is wanted; -1: none

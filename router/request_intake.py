@@ -142,6 +142,7 @@ class RequestIntake:
             eos_token_ids=self.tokenizer.eos_token_ids,
             cache_salt=salt,
             tenant=msg.tenant,
+            log_metrics=msg.log_metrics,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
             logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),

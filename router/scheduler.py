@@ -227,7 +227,8 @@ class Scheduler:
         if first_admission:
             req.admitted_once = True
             req.cached_tokens = prefix_len
-            self.counters.count_admission(req.prompt_len, prefix_len, req.tenant)
+            if req.log_metrics:
+                self.counters.count_admission(req.prompt_len, prefix_len, req.tenant)
 
     def _build(self, entries: list[PrefillEntry], riders: list[Request]) -> ScheduledBatch:
         """The prefill entries, then the running requests riding along with their next token."""

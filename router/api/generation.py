@@ -164,7 +164,7 @@ async def run_generation(
             if out.error is not None:
                 raise ApiError(out.status if out.status >= 400 else 500, out.error)
             now = time.monotonic()
-            if out.output_ids:
+            if out.output_ids and request.log_metrics:
                 if first:
                     metrics.time_to_first_token.observe(now - start)
                 else:
@@ -172,7 +172,7 @@ async def run_generation(
                 first = False
                 last_token = now
             gen = progress.add(out, now - start if out.finished else 0.0)
-            if gen.finished:
+            if gen.finished and request.log_metrics:
                 metrics.e2e_request_latency.observe(gen.e2e_latency)
             yield gen
     finally:

@@ -88,7 +88,10 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         if stats.get("running_requests") and since is not None and since < HEALTH_GENERATE_TIMEOUT_S:
             return Response(status_code=200)
         probe = GenerateRequest(
-            rid=f"health-{uuid.uuid4().hex}", sampling=SamplingParams(max_new_tokens=1, temperature=0.0), text="ping"
+            rid=f"health-{uuid.uuid4().hex}",
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            text="ping",
+            log_metrics=False,  # a probe every few seconds would drag down the hit rates users watch
         )
         try:
             await asyncio.wait_for(_last(run_generation(ctx.client, probe, ctx.metrics)), HEALTH_GENERATE_TIMEOUT_S)

@@ -166,6 +166,20 @@ def test_health_info_and_models(server):
     assert [m["id"] for m in models] == [info["served_model_name"]]
 
 
+def test_health_generate_probes_count_in_no_statistic(server):
+    """An idle server's probe generates a token, but a readiness probe every few seconds must
+    not drag down the hit rate users watch (SGLang's probes carry log_metrics false too)."""
+    wait_idle(server)
+    counters = ("radixcluster_generation_tokens_total", "sglang:num_requests_total", "vllm:prefix_cache_queries_total")
+    before = get(server, "/cache_info").json(), [metric_value(server, name) for name in counters]
+    for _ in range(3):
+        assert get(server, "/health_generate").status_code == 200
+    after = get(server, "/cache_info").json(), [metric_value(server, name) for name in counters]
+    for key in ("total_requests", "cache_hits", "hit_rate", "prompt_tokens_total", "cached_tokens_total"):
+        assert after[0][key] == before[0][key], key
+    assert after[1] == before[1]
+
+
 def test_cache_info_has_the_fields_users_read(server):
     generate(server, LONG_PROMPT, max_new_tokens=2)
     generate(server, LONG_PROMPT, max_new_tokens=2)
