@@ -15,6 +15,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+import numpy as np
 import xgrammar as xgr
 
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
@@ -45,21 +46,28 @@ def new_compiler(tokenizer_info: xgr.TokenizerInfo) -> xgr.GrammarCompiler:
 
 
 def compile_spec(compiler: xgr.GrammarCompiler, kind: str, spec: str, any_whitespace: bool) -> xgr.CompiledGrammar:
-    """``spec`` compiled; GrammarError with xgrammar's explanation if it does not compile.
+    """``spec`` compiled; GrammarError with xgrammar's explanation if it does not compile, or
+    when it allows no first token (it matches no text: every request would end at once).
     ``any_whitespace``: a JSON schema's documents may put any whitespace between tokens (SGLang's
     and vLLM's default), else compact separators only."""
     try:
         if kind == "regex":
-            return compiler.compile_regex(spec)
-        if kind == "json_schema":
-            return compiler.compile_json_schema(
+            compiled = compiler.compile_regex(spec)
+        elif kind == "json_schema":
+            compiled = compiler.compile_json_schema(
                 spec, any_whitespace=any_whitespace, max_whitespace_cnt=JSON_MAX_WHITESPACE
             )
-        if kind == "ebnf":
-            return compiler.compile_grammar(spec)
+        elif kind == "ebnf":
+            compiled = compiler.compile_grammar(spec)
+        else:
+            raise ValueError(f"unknown grammar kind {kind!r}")
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarError(f"invalid {kind}: {_clean(str(exc))}") from exc
-    raise ValueError(f"unknown grammar kind {kind!r}")
+    first = np.zeros((1, -(-compiled.tokenizer_info.vocab_size // 32)), dtype=np.int32)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(first, 0)
+    if not first.any():
+        raise GrammarError(f"invalid {kind}: it matches no text (no token can start an answer)")
+    return compiled
 
 
 class CompileProbe:

@@ -67,6 +67,9 @@ def test_a_spec_is_compiled_once(grammars):
         ("json_schema", "[1, 2]", "should be an object or bool"),
         ("ebnf", 'root ::= "a', "string literal"),
         ("ebnf", 'start ::= "a"', 'root rule with name "root" is not found'),
+        # compiles, but no token can start it: every request would end at once with an abort
+        ("regex", r"[^\x00-\U0010FFFF]", "it matches no text"),
+        ("ebnf", r"root ::= [^\x00-\U0010FFFF]", "it matches no text"),
     ],
 )
 def test_a_bad_spec_says_what_is_wrong(grammars, kind, spec, says):
