@@ -30,7 +30,14 @@ from radixcluster.gateway.replica import Replica
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routing import NoReplicaAvailable, Placement, ReplicaChooser
 from radixcluster.router.api.errors import ApiError
-from radixcluster.router.api.generation import SSE_DONE, SSEResponse, error_frame, sse, until_disconnect
+from radixcluster.router.api.generation import (
+    SSE_DONE,
+    SSEResponse,
+    error_frame,
+    next_number,
+    sse,
+    until_disconnect,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +218,7 @@ class Forwarder:
     ) -> AsyncGenerator[bytes, None]:
         """The replica's SSE frames, annotated, as they arrive."""
         placement = dispatch.placement
+        number = 0  # what a Responses API error event would be numbered
         try:
             async for line in upstream.lines():
                 if not line.startswith(b"data:"):
@@ -220,6 +228,7 @@ class Forwarder:
                     yield SSE_DONE
                     continue
                 chunk = json.loads(data)
+                number = next_number(chunk, number)
                 if routed.kind in CHAT_SHAPES:  # typed events, one near the end with the answer's usage
                     answered = _final_usage(chunk, routed.kind)
                     if answered:
@@ -241,7 +250,7 @@ class Forwarder:
         except UpstreamError as exc:
             logger.warning("the stream from %s broke: %s", placement.replica.url, exc)
             typed = routed.kind in CHAT_SHAPES  # an error event (in the shape of the path's API), and no [DONE]
-            yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed, path)
+            yield error_frame(502, f"the replica {placement.replica.url} failed mid-stream: {exc}", typed, path, number)
             if not typed:
                 yield SSE_DONE
         finally:

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.api.auth import current_tenant
-from radixcluster.router.api.errors import ApiError, anthropic_path, error_body
+from radixcluster.router.api.errors import ApiError, anthropic_path, error_body, error_type
 from radixcluster.router.api.json_text import utf8_json
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.router_client import RouterClient
@@ -278,13 +278,21 @@ def sse(payload: Any, event: str | None = None) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def error_frame(status: int, message: str, typed: bool, path: str = "") -> bytes:
+def error_frame(status: int, message: str, typed: bool, path: str = "", sequence_number: int = 0) -> bytes:
     """A stream's failure after its first frame: OpenAI's error chunk, or (``typed``) the
-    ``error`` event of the Responses API, or of the Messages API on its ``path``."""
+    ``error`` event of the Responses API (numbered ``sequence_number``, its code a string as
+    OpenAI's are), or of the Messages API on its ``path``."""
     if anthropic_path(path):
         return sse(error_body(status, message, path=path), "error")
-    error = error_body(status, message)
-    return sse({**error["error"], "type": "error"}, "error") if typed else sse(error)
+    if not typed:
+        return sse(error_body(status, message))
+    event = {"type": "error", "code": error_type(status), "message": message, "param": None}
+    return sse({**event, "sequence_number": sequence_number}, "error")
+
+
+def next_number(chunk: dict[str, Any], number: int) -> int:
+    """The number an error event after ``chunk`` takes (Responses API events are numbered)."""
+    return chunk["sequence_number"] + 1 if "sequence_number" in chunk else number
 
 
 class SSEResponse(StreamingResponse):
@@ -326,12 +334,14 @@ async def start_stream(
         return sse(chunk, chunk["type"]) if typed else sse(chunk)
 
     async def body() -> AsyncGenerator[bytes, None]:
+        number = next_number(first, 0)
         try:
             yield frame(first)
             async for chunk in chunks:
                 yield frame(chunk)
+                number = next_number(chunk, number)
         except ApiError as exc:
-            yield error_frame(exc.status, exc.message, typed, request.url.path)
+            yield error_frame(exc.status, exc.message, typed, request.url.path, number)
         finally:
             await chunks.aclose()
         if not typed:

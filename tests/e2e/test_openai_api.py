@@ -649,7 +649,9 @@ def test_the_responses_api_answers_as_the_chat_does(client, model, server):
         lines = [line for line in resp.iter_lines(decode_unicode=True) if line]
     assert lines[-2] == "event: error"
     error = json.loads(lines[-1][len("data: ") :])
-    assert (error["type"], error["code"]) == ("error", 504) and "deadline_s" in error["message"]
+    assert (error["type"], error["code"]) == ("error", "deadline_exceeded") and "deadline_s" in error["message"]
+    numbers = [json.loads(line[len("data: ") :])["sequence_number"] for line in lines if line.startswith("data: ")]
+    assert numbers == list(range(len(numbers)))  # the error event is numbered after the others
     # refused at once, a stream is still the HTTP error, before any event
     too_long = post(server, "/v1/responses", {"input": "word " * 9000, "stream": True})
     assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]

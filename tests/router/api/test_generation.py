@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import zmq
 import zmq.asyncio
+from openai.types.responses import ResponseErrorEvent
 
 from radixcluster.protocol import GenerateRequest, RequestOutput, SamplingParams, decode, encode
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.errors import ApiError
-from radixcluster.router.api.generation import run_generation
+from radixcluster.router.api.generation import error_frame, run_generation
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.native_routes import _native_chunks
 from radixcluster.router.api.openai_routes import _chat_chunks, _completion_chunks
@@ -153,3 +154,11 @@ def test_a_deadline_aborts_the_request_on_the_router(tmp_path: Path) -> None:
     generate, abort = asyncio.run(run_with_router(tmp_path, body))
     assert (type(generate).__name__, type(abort).__name__) == ("GenerateRequest", "AbortRequest")
     assert abort.rid == "d-0"
+
+
+def test_a_responses_stream_error_event_is_the_sdks_numbered_with_a_string_code() -> None:
+    frame = error_frame(504, "past deadline_s", typed=True, path="/v1/responses", sequence_number=7).decode()
+    assert frame.startswith("event: error\ndata: ")
+    event = ResponseErrorEvent.model_validate_json(frame.split("data: ", 1)[1])
+    assert (event.sequence_number, event.code, event.message) == (7, "deadline_exceeded", "past deadline_s")
+    assert error_frame(504, "past deadline_s", typed=False).decode().startswith('data: {"error": ')
