@@ -26,7 +26,7 @@ from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.model_config import load_model_config
-from radixcluster.router.api.auth import BearerAuth
+from radixcluster.router.api.auth import BearerAuth, cross_origin
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
@@ -67,15 +67,15 @@ def create_app(config: GatewayConfig) -> ASGIApp:
     app.include_router(gateway_cache_routes(ctx))
     app.include_router(gateway_profile_routes(ctx))
     # SageMaker's and Vertex AI's calls go the fast path as the calls they are
-    served = VertexPredict(
+    served: ASGIApp = VertexPredict(
         Invocations(FastPath(ctx, app), config.max_body_bytes), config.max_body_bytes, predict_route()
     )
     if config.api_key or config.tenant_keys:
-        # outermost: the fast path and FastAPI's routes see the same tenant (current_tenant)
-        return BearerAuth(
+        # the fast path and FastAPI's routes see the same tenant (current_tenant)
+        served = BearerAuth(
             served, api_key=config.api_key, admin_key=config.admin_api_key, tenant_keys=config.tenant_keys
         )
-    return served
+    return cross_origin(served)
 
 
 def run_gateway(config: GatewayConfig) -> None:

@@ -1,6 +1,6 @@
-"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway), and the
-tenant a key names (--api-key-file). Anthropic's clients send the key as ``x-api-key``, which
-counts as the same bearer token."""
+"""Bearer-token authentication for the HTTP servers (a replica's api, the gateway), the tenant
+a key names (--api-key-file), and browsers' cross-origin calls. Anthropic's clients send the key
+as ``x-api-key``, which counts as the same bearer token."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection
 from contextvars import ContextVar
 
 from fastapi import Request
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster.router.api.errors import ApiError, error_response
@@ -17,6 +18,13 @@ from radixcluster.router.api.errors import ApiError, error_response
 # Load balancers probe /health without credentials; the cache page's files hold no data (the
 # page asks for the key, and sends it with the calls that fetch the data).
 PUBLIC_PATHS = frozenset({"/health", "/ping", "/ready", "/cache", "/cache/page.js", "/cache/page.css"})
+
+
+def cross_origin(app: ASGIApp) -> ASGIApp:
+    """``app`` callable from a web page of any origin, as SGLang and vLLM serve by default: a
+    browser's preflight is answered before the key is checked, and every answer, errors included,
+    tells the browser it may read it. The key, where there is one, is what guards the server."""
+    return CORSMiddleware(app, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
 
 
 # The tenant of the request being served, set by BearerAuth for the task that serves it (and the

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
-from radixcluster.router.api.auth import BearerAuth
+from radixcluster.router.api.auth import BearerAuth, cross_origin
 from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
@@ -94,7 +94,8 @@ def create_app(config: ApiConfig) -> FastAPI:
             admin_key=config.admin_api_key,
             tenant_keys=config.tenant_keys,
         )
-    app.add_middleware(DrainGate, ctx=ctx)  # added last: runs first
+    app.add_middleware(DrainGate, ctx=ctx)
+    app.add_middleware(cross_origin)  # added last: runs first
     return app
 
 

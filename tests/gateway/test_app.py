@@ -119,3 +119,12 @@ def test_one_replicas_cache_is_named_by_url_or_index(keyed) -> None:
 def test_a_salt_in_a_tenants_namespace_is_refused_without_its_key(client) -> None:
     forged = {"text": "hi", "cache_salt": "\x00tenant\x00alpha\x00"}
     assert "cache_salt" in error(client.post("/generate", json=forged), 400)
+
+
+def test_a_web_page_of_any_origin_may_call_the_gateway_the_key_still_guarding_it(client) -> None:
+    page = {"Origin": "https://chat.example"}
+    ask = {**page, "Access-Control-Request-Method": "POST", "Authorization": ""}
+    preflight = client.options("/v1/chat/completions", headers=ask)
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "*"
+    refused = client.get("/v1/models", headers={**page, "Authorization": ""})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "*"

@@ -54,6 +54,25 @@ def test_a_missing_key_is_a_401_counted_as_a_refusal(app):
     assert rejections(app, "unauthorized") == 1
 
 
+def test_a_web_page_of_any_origin_may_call_it_the_key_still_guarding_it(app):
+    """SGLang's and vLLM's CORS defaults: the preflight needs no key; every answer, a 401 too,
+    lets the page read it."""
+    page = {"Origin": "https://chat.example"}
+    with TestClient(app) as client:
+        preflight = client.options(
+            "/v1/chat/completions",
+            headers={**page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"},
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == "*"
+        assert "POST" in preflight.headers["access-control-allow-methods"]
+        assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+        refused = client.get("/v1/models", headers=page)
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "*"
+        served = client.get("/v1/models", headers={**page, "Authorization": "Bearer k"})
+        assert served.status_code == 200 and served.headers["access-control-allow-origin"] == "*"
+
+
 def test_a_drain_refuses_readiness_and_new_requests_but_not_metrics(app):
     with TestClient(app) as client:
         app.state.ctx.draining = True
