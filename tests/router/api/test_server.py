@@ -61,7 +61,11 @@ def test_a_web_page_of_any_origin_may_call_it_the_key_still_guarding_it(app):
     with TestClient(app) as client:
         preflight = client.options(
             "/v1/chat/completions",
-            headers={**page, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"},
+            headers={
+                **page,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization",
+            },
         )
         assert preflight.status_code == 200
         assert preflight.headers["access-control-allow-origin"] == "*"
