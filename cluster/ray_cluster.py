@@ -69,13 +69,17 @@ def quiet_ray_env() -> None:
     own environment, so none would be used) and no Ray metrics (we export our own): on a 2-core
     host every process counts. The rank actors compute at the normal priority: Ray starts its
     workers at nice 15, where beside any other busy process they would get a sliver of the CPU
-    (read by the raylet, so it holds for the private instance)."""
+    (read by the raylet, so it holds for the private instance). No memory monitor: past 95 % of
+    the host's memory, whoever holds it, Ray killed the one process it may kill, a rank, and then
+    each replacement within a second, until the replica gave up; out of memory is the kernel's
+    to settle, as for any server."""
     os.environ.setdefault("RAY_worker_niceness", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_enable_worker_prestart", "0")
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     os.environ.setdefault("RAY_enable_metrics_collection", "0")
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
 
 
 def private_ray_env() -> None:

@@ -1,5 +1,6 @@
 """A served replica's CPUs: the TP worker's OpenMP threads bound one per core of its rank's set,
-computing at the normal priority (not Ray's nice 15), and no idle Ray worker processes beside it."""
+computing at the normal priority (not Ray's nice 15), and no idle Ray worker processes beside it;
+and its memory: no Ray memory monitor that would kill a rank for what other processes hold."""
 
 from __future__ import annotations
 
@@ -55,3 +56,11 @@ def test_the_worker_computes_at_the_normal_priority(server):
 def test_ray_starts_no_idle_workers(server):
     idle = [pid for pid in descendants(server.process.pid) if _cmdline(pid).startswith("ray::IDLE")]
     assert idle == []
+
+
+def test_ray_runs_no_memory_monitor(server):
+    """Past 95 % of the host's memory Ray's monitor killed a rank, and each replacement, whoever
+    held the memory; the raylet says in its log that it runs none."""
+    (raylet,) = [pid for pid in descendants(server.process.pid) if _cmdline(pid).split(" ")[0].endswith("/raylet")]
+    log_dir = next(a.split("=", 1)[1] for a in _cmdline(raylet).split(" ") if a.startswith("--log_dir="))
+    assert "ThresholdMemoryMonitor disabled" in (Path(log_dir) / "raylet.out").read_text()
