@@ -4,7 +4,6 @@ and the uvicorn entry point, which serves until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import logging
-import math
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
 from radixcluster.model_config import load_model_config
 from radixcluster.router.api.auth import BearerAuth, cross_origin
+from radixcluster.router.api.draining import FAIL_FLUSH_S, DrainingServer, RequestDrain
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
@@ -36,10 +36,10 @@ from radixcluster.router.text.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 
-def create_app(config: GatewayConfig) -> ASGIApp:
-    """The gateway app: the auth check, then the fast path of the generation routes, then
-    FastAPI for the rest; it starts watching the replicas (and opens its connections to them)
-    when the app starts (lifespan)."""
+def create_app(config: GatewayConfig, drain: RequestDrain | None = None) -> ASGIApp:
+    """The gateway app: the drain's gate (``drain``, which run_gateway's server drives), the auth
+    check, then the fast path of the generation routes, then FastAPI for the rest; it starts
+    watching the replicas (and opens its connections to them) when the app starts (lifespan)."""
     replicas = ReplicaSet(config)
     metrics = GatewayMetrics()
     ctx = GatewayContext(
@@ -75,23 +75,27 @@ def create_app(config: GatewayConfig) -> ASGIApp:
         served = BearerAuth(
             served, api_key=config.api_key, admin_key=config.admin_api_key, tenant_keys=config.tenant_keys
         )
-    return cross_origin(served)
+    return cross_origin((drain or RequestDrain()).gate(served))
 
 
 def run_gateway(config: GatewayConfig) -> None:
     """Serve the gateway on ``config.host:config.port`` until SIGTERM or SIGINT (requests in
     flight get ``config.shutdown_timeout_s``). Main thread only."""
     logging.basicConfig(level=getattr(logging, config.log_level.upper()))
-    server = uvicorn.Server(
+    drain = RequestDrain()
+    server = DrainingServer(
         uvicorn.Config(
-            create_app(config),
+            create_app(config, drain),
             host=config.host,
             port=config.port,
             log_config=None,
             access_log=False,
             http=GuardedHttpProtocol,
-            timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
-        )
+            # by the time uvicorn shuts down, every response is complete or ended with an error
+            timeout_graceful_shutdown=FAIL_FLUSH_S,
+        ),
+        drain,
+        config.shutdown_timeout_s,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # uvicorn's handlers decide; this one only makes its re-raise a return

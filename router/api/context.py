@@ -10,7 +10,7 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel
 
-from radixcluster.router.api.errors import read_json
+from radixcluster.router.api.errors import SHUTTING_DOWN, read_json
 from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.native_schemas import served_context
 from radixcluster.router.api.router_client import RouterClient
@@ -51,6 +51,14 @@ class ApiContext:
     created: int = field(default_factory=lambda: int(time.time()))
     # set by SIGTERM: /health and every new request answer 503, requests in flight go on
     draining: bool = False
+
+    def in_flight(self) -> int:
+        """Generations in flight (what a drain waits for)."""
+        return self.client.in_flight
+
+    def fail_all(self) -> None:
+        """End every generation in flight with the shutdown's error (a drain's timeout)."""
+        self.client.fail_all(503, SHUTTING_DOWN)
 
     async def body(self, request: Request, schema: type[M]) -> M:
         """The request's JSON body read (413 past the limit) and validated by ``schema`` in the

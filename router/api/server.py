@@ -6,11 +6,8 @@ still running then end with an error, and the process exits."""
 from __future__ import annotations
 
 import logging
-import signal
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -22,6 +19,7 @@ from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
+from radixcluster.router.api.draining import DRAIN_PATHS, FAIL_FLUSH_S, DrainingServer
 from radixcluster.router.api.errors import SHUTTING_DOWN, error_response, install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
@@ -37,11 +35,6 @@ __all__ = ["ApiConfig", "create_app", "run_api_server"]
 
 logger = logging.getLogger(__name__)
 
-# Served while draining too: monitoring watches the drain.
-_DRAIN_PATHS = frozenset({"/metrics"})
-# after the requests of a drain are ended with an error, how long their responses get to go out
-FAIL_FLUSH_S = 5
-
 
 class DrainGate:
     """While the api drains, refuse new requests (and readiness) with 503, so load balancers
@@ -52,7 +45,7 @@ class DrainGate:
         self._ctx = ctx
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._ctx.draining and scope["type"] == "http" and scope["path"] not in _DRAIN_PATHS:
+        if self._ctx.draining and scope["type"] == "http" and scope["path"] not in DRAIN_PATHS:
             self._ctx.metrics.count_rejection(503)
             await error_response(503, SHUTTING_DOWN, path=scope["path"])(scope, receive, send)
             return
@@ -99,44 +92,6 @@ def create_app(config: ApiConfig) -> FastAPI:
     return app
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn, with SIGTERM starting a drain instead of closing the listener at once.
-
-    SIGTERM flips ``ctx.draining``; each tick of uvicorn's loop then checks the drain: no
-    generation in flight, or the shutdown timeout passed and the stragglers were ended with an
-    error (and had ``FAIL_FLUSH_S`` to send it): uvicorn shuts down. SIGINT, or a second
-    SIGTERM, skips the rest of the wait (the launcher sends SIGINT when a part of the replica
-    failed: what is in flight cannot finish)."""
-
-    def __init__(self, config: uvicorn.Config, ctx: ApiContext) -> None:
-        super().__init__(config)
-        self.ctx = ctx
-        self._fail_at: float | None = None  # when the stragglers get their error
-        self._failed_at: float | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # runs as a signal handler on the loop's thread: only flags and times are set here
-        now = time.monotonic()
-        if self._fail_at is None:
-            self.ctx.draining = True
-            self._fail_at = now if sig == signal.SIGINT else now + self.ctx.config.shutdown_timeout_s
-        else:
-            self._fail_at = min(self._fail_at, now)
-
-    async def on_tick(self, counter: int) -> bool:
-        if self._fail_at is not None and not self.should_exit:
-            now = time.monotonic()
-            if self.ctx.client.in_flight == 0:
-                self.should_exit = True
-            elif self._failed_at is None and now >= self._fail_at:
-                logger.warning("shutdown timeout: ending %d generation(s) with an error", self.ctx.client.in_flight)
-                self.ctx.client.fail_all(503, SHUTTING_DOWN)
-                self._failed_at = now
-            elif self._failed_at is not None and now >= self._failed_at + FAIL_FLUSH_S:
-                self.should_exit = True
-        return await super().on_tick(counter)
-
-
 def run_api_server(config: ApiConfig) -> None:
     """Serve the api on ``config.host:config.port``; return once SIGTERM or SIGINT has drained it
     (see DrainingServer). Main thread only."""
@@ -153,6 +108,7 @@ def run_api_server(config: ApiConfig) -> None:
             timeout_graceful_shutdown=FAIL_FLUSH_S,
         ),
         app.state.ctx,
+        config.shutdown_timeout_s,
     )
     logger.info("api serving on http://%s:%d", config.host, config.port)
     server.run()

@@ -5,7 +5,10 @@ leaves aborting its request on the replica."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ from radixcluster.router.api.gateway_tokens import pack_ids
 from radixcluster.router.text.tokenizer import load_tokenizer
 from support.api_helpers import GREEDY, get, metric_value, post, sse_events
 from support.servers import ServerHandle, launch_server, wait_replicas
+from support.streams import sse_stream
 
 pytestmark = pytest.mark.slow
 
@@ -224,3 +228,34 @@ def test_a_client_that_leaves_aborts_its_request_on_the_replica(servers, stream:
     wait_for("the gateway ends it", lambda: get(gateway, "/replicas").json()["replicas"][0]["inflight_requests"] == 0)
     again = post(gateway, "/generate", {"text": "Still there?", "sampling_params": SHORT})
     assert again.status_code == 200, again.text
+
+
+def test_sigterm_drains_the_gateway_and_ends_what_outlasts_its_timeout_with_503s(servers) -> None:
+    """A second gateway with a 3 s drain: requests that would run for a minute end with the
+    shutdown's 503 (an error event, numbered next on the Responses API, on a stream that has
+    begun), a new request meanwhile gets a 503, and the replica aborts what was abandoned."""
+    replica, _ = servers
+    with launch_server(f"--replica={replica.url}", "--shutdown-timeout", "3", command="gateway", api_key=KEY) as gw:
+        wait_replicas(gw, 1)
+        native = {"text": "Count to a thousand:", "sampling_params": ENDLESS}
+        ask = {"input": "Count to a thousand.", "max_output_tokens": 2000, "ignore_eos": True, "stream": True}
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            starts = [threading.Event() for _ in range(2)]
+            streams = [
+                pool.submit(sse_stream, gw, "/generate", {**native, "stream": True}, starts[0]),
+                pool.submit(sse_stream, gw, "/v1/responses", ask, starts[1]),
+            ]
+            plain = pool.submit(post, gw, "/generate", native)
+            assert all(s.wait(120) for s in starts)
+            gw.process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            late = post(gw, "/generate", {"text": "Too late", "sampling_params": SHORT})
+            assert late.status_code == 503 and "shutting down" in late.json()["error"]["message"]
+            assert plain.result().status_code == 503 and "shutting down" in plain.result().json()["error"]["message"]
+            generated, responses = (s.result() for s in streams)
+        assert gw.process.wait(timeout=30) == 0
+    assert generated[-1] == "[DONE]" and "shutting down" in generated[-2]["error"]["message"]
+    error = responses[-1]
+    assert (error["type"], error["code"]) == ("error", "service_unavailable")
+    assert [e["sequence_number"] for e in responses] == list(range(len(responses)))
+    wait_for("the replica aborts them", lambda: metric_value(replica, "radixcluster_num_running_reqs") == 0)
