@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -38,6 +38,7 @@ from radixcluster.router.api.generation import (
     sse,
     until_disconnect,
 )
+from radixcluster.router.api.json_text import JsonResponse
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class Forwarder:
             dispatch.end()
             if upstream.status != 200:
                 return Response(content, upstream.status, media_type=upstream.content_type)
-            response = JSONResponse(self._annotate_answer(json.loads(content), placement, routed))
+            response = JsonResponse(self._annotate_answer(json.loads(content), placement, routed))
             self.metrics.own_seconds.observe((sent - arrived) + (time.perf_counter() - answered))
             return response
 
