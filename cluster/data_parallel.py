@@ -11,7 +11,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -21,7 +20,7 @@ import httpx
 
 from radixcluster.launcher import STOP_GRACE_S, SURVIVOR_GRACE_S, _join_or_kill, _start_process
 from radixcluster.model_path import resolve_model_path, resolve_tokenizer_path
-from radixcluster.process_tree import kill_survivors, started_processes
+from radixcluster.process_tree import kill_survivors, runtime_dir, started_processes
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.router.text.chat_template import read_chat_template
@@ -86,7 +85,7 @@ class DataParallelLauncher:
         self.actors: list[Any] = []
         self.gateway: BaseProcess | None = None
         self.stopping = StopFlag()
-        self.runtime_dir = tempfile.mkdtemp(prefix="radixcluster-dp-")
+        self.runtime_dir = runtime_dir("dp-")
         self.keys = cluster_keys(args)
 
     def run(self) -> int:

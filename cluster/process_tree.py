@@ -1,14 +1,17 @@
 """The processes a command started: read from /proc (Linux), so that shutdown can prove none is
 left behind; tied to their parent, so that none outlives it; and kept out of the caller's process
-group, so that a signal to that group reaches the command alone, which then stops the rest in order."""
+group, so that a signal to that group reaches the command alone, which then stops the rest in order.
+Also the command's runtime directories (sockets, Ray's session), removed however it ends."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing import resource_tracker
@@ -16,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+# the pid of the command (fork_into_own_group's caller), which names its processes' runtime dirs
+_COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -74,6 +79,21 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def runtime_dir(kind: str = "") -> str:
+    """A new private directory (a replica's sockets and Ray's session, ``kind`` in its name),
+    named after the command that started this process, which removes it however its processes
+    end: SIGKILLed ones clean nothing up themselves (see fork_into_own_group)."""
+    command = os.environ.get(_COMMAND_PID, str(os.getpid()))
+    return tempfile.mkdtemp(prefix=f"radixcluster-{kind}{command}-")
+
+
+def remove_runtime_dirs(command: int) -> None:
+    """Remove the runtime directories of the command whose pid is ``command``."""
+    for kind in ("", "dp-"):
+        for path in Path(tempfile.gettempdir()).glob(f"radixcluster-{kind}{command}-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def run_child(parent_pid: int, target: Callable[..., None], *args: Any) -> None:
     """A child process's entry point: tied to ``parent_pid``, then ``target(*args)``."""
     die_with_parent(parent_pid)
@@ -92,6 +112,7 @@ def fork_into_own_group() -> int | None:
     parent is SIGKILLed, a reaper (a third process in the child's group, blocked on a pipe only
     the parent writes to) kills the whole group: some of Ray's agents outlive their raylet."""
     parent = os.getpid()
+    os.environ[_COMMAND_PID] = str(parent)  # inherited by every process of the command
     lifeline, held = os.pipe()  # the parent holds ``held`` open until it dies
     relayed = {signal.SIGTERM, signal.SIGINT}
     # a signal that comes before the relay is set up waits for it, instead of killing the parent
@@ -106,7 +127,7 @@ def fork_into_own_group() -> int | None:
         return None
     os.setpgid(child, child)  # as the child does: whichever runs first, the group exists
     if os.fork() == 0:
-        _reap_when_closed(lifeline, held, child)  # ignores the relayed signals, blocked or not
+        _reap_when_closed(lifeline, held, child, parent)  # ignores the relayed signals, blocked or not
     os.close(lifeline)
 
     def relay(sig: int, _: object) -> None:
@@ -122,12 +143,14 @@ def fork_into_own_group() -> int | None:
         if pid == child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child, signal.SIGKILL)  # leftovers, and the reaper
+            remove_runtime_dirs(parent)  # what a SIGKILLed child left
             code = os.waitstatus_to_exitcode(status)
             return code if code >= 0 else 128 - code
 
 
-def _reap_when_closed(lifeline: int, held: int, group: int) -> None:
-    """The reaper: wait for the parent's end of the pipe to close, then kill ``group``. It shares
+def _reap_when_closed(lifeline: int, held: int, group: int, command: int) -> None:
+    """The reaper: wait for the parent's end of the pipe to close, then kill ``group`` and remove
+    the runtime dirs of the ``command`` (the parent's pid). It shares
     the command's line, so ``pkill -f`` signals it too: it ignores SIGTERM and SIGINT, else such
     a stop would leave a later SIGKILL of the parent nothing to reap the group."""
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -139,5 +162,7 @@ def _reap_when_closed(lifeline: int, held: int, group: int) -> None:
         os.dup2(devnull, fd)
     while os.read(lifeline, 1):
         pass
+    os.setpgid(0, 0)  # out of the group it kills, to remove the dirs after
     os.killpg(group, signal.SIGKILL)
+    remove_runtime_dirs(command)
     os._exit(0)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from radixcluster.model_config import ModelConfig, load_model_config
 from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path, served_model_name
+from radixcluster.process_tree import runtime_dir
 from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.server_args import FP8_KV_CACHE_DTYPES, ServerArgs
 
@@ -348,7 +348,7 @@ def make_plan(args: ServerArgs) -> Plan:
         kv_cache_dtype=kv_cache_dtype,
         num_pages=num_pages,
         context_length=context_length,
-        runtime_dir=tempfile.mkdtemp(prefix="radixcluster-"),
+        runtime_dir=runtime_dir(),
         cpus=machine_cpus(args.tp_size),
         prepack_weights=prepack,
     )

@@ -25,18 +25,24 @@ time.sleep(600)
 """
 
 # The split: the child starts a process of its own that is not tied to it (as Ray's agents are
-# not), writes both pids and its process group, waits for SIGTERM, and exits 7.
+# not) and makes a runtime dir, writes both pids, its process group and the dir, waits for
+# SIGTERM, and exits 7.
 SPLIT = """
 import os, signal, subprocess, sys, time
-from radixcluster.process_tree import fork_into_own_group
+from radixcluster.process_tree import fork_into_own_group, runtime_dir
 code = fork_into_own_group()
 if code is not None:
     sys.exit(code)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
 untied = subprocess.Popen(["sleep", "600"])
-print(os.getpid(), os.getpgid(0), untied.pid, flush=True)
+print(os.getpid(), os.getpgid(0), untied.pid, runtime_dir(), flush=True)
 time.sleep(600)
 """
+
+
+def split_line(front: subprocess.Popen[str]) -> tuple[int, int, int, Path]:
+    child, group, untied, directory = front.stdout.readline().split()
+    return int(child), int(group), int(untied), Path(directory)
 
 
 def wait_gone(pid: int, deadline_s: float = 30) -> bool:
@@ -57,7 +63,7 @@ def test_a_tied_child_dies_with_its_parent():
 
 def test_a_signal_to_the_callers_group_reaches_the_split_command_once():
     front = subprocess.Popen([sys.executable, "-c", SPLIT], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    child, group, untied = (int(x) for x in front.stdout.readline().split())
+    child, group, untied, _ = split_line(front)
     assert group == child != os.getpgid(front.pid)  # the child leads a group of its own
     os.killpg(front.pid, signal.SIGTERM)  # the caller's group: the front only, which relays it
     assert front.wait(timeout=60) == 7
@@ -71,7 +77,7 @@ def test_after_pkill_f_a_sigkilled_front_still_takes_the_whole_group_with_it():
     front = subprocess.Popen(
         [sys.executable, "-c", draining], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    child, _, untied = (int(x) for x in front.stdout.readline().split())
+    child, _, untied, _ = split_line(front)
     line = Path(f"/proc/{front.pid}/cmdline").read_bytes()
     same_line = [p for p in descendants(front.pid) | {front.pid} if Path(f"/proc/{p}/cmdline").read_bytes() == line]
     assert len(same_line) == 3  # the front, the child, the reaper
@@ -84,12 +90,25 @@ def test_after_pkill_f_a_sigkilled_front_still_takes_the_whole_group_with_it():
     assert wait_gone(child) and wait_gone(untied)
 
 
-def test_a_sigkilled_front_takes_the_whole_group_with_it():
+def test_a_sigkilled_front_takes_the_whole_group_and_its_runtime_dirs_with_it():
     front = subprocess.Popen([sys.executable, "-c", SPLIT], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    child, _, untied = (int(x) for x in front.stdout.readline().split())
+    child, _, untied, directory = split_line(front)
+    assert directory.is_dir() and directory.name.startswith(f"radixcluster-{front.pid}-")
     front.kill()
     front.wait()
     assert wait_gone(child) and wait_gone(untied)
+    deadline = time.monotonic() + 30  # the reaper removes it after the kill
+    while directory.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not directory.exists()
+
+
+def test_a_sigkilled_child_leaves_its_runtime_dirs_to_the_front_which_removes_them():
+    front = subprocess.Popen([sys.executable, "-c", SPLIT], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    child, _, untied, directory = split_line(front)
+    os.kill(child, signal.SIGKILL)
+    assert front.wait(timeout=60) == 128 + signal.SIGKILL
+    assert wait_gone(untied) and not directory.exists()
 
 
 def test_started_processes_leave_out_the_resource_tracker_which_ends_with_this_process():

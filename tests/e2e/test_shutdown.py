@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -137,5 +138,7 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
             process.wait()
     assert "radix cache enabled" in err
     assert wait_gone(tree, 10) == set()
+    # nor its sockets and Ray's session: the reaper removes the runtime dirs after the kill
+    assert list(Path(tempfile.gettempdir()).glob(f"radixcluster-{process.pid}-*")) == []
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
