@@ -265,6 +265,28 @@ def _dirs_up_to(mount: Path, path: str) -> list[Path]:
     return dirs
 
 
+def available_memory_bytes(meminfo: str) -> int | None:
+    """What the host can give without swapping (``MemAvailable`` of ``/proc/meminfo``), or None."""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def pool_past_available(pool_bytes: float, available: int | None) -> str | None:
+    """A warning when the KV pool a CPU replica plans is more than the host has free now: the
+    pool is committed page by page as the cache grows, so such a server starts, then the host
+    runs out (the kernel kills a rank) once the cache holds enough. A GPU line's
+    --mem-fraction-static 0.8, pasted on a shared CPU host, asks this."""
+    if available is None or pool_bytes <= available:
+        return None
+    return (
+        f"the KV pool planned ({pool_bytes / 2**30:.1f} GiB of RAM) is more than the host has available now "
+        f"({available / 2**30:.1f} GiB): as the cache fills, the host may run out of memory; lower "
+        "--mem-fraction-static (the CPU default is 0.2) or set --max-total-tokens"
+    )
+
+
 def _read(file: Path) -> str:
     try:
         return file.read_text().strip()
@@ -338,6 +360,11 @@ def make_plan(args: ServerArgs) -> Plan:
     check_rank_memory(
         args, cfg, device, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_cache_dtype], num_pages, context_length, memory
     )
+    if device == "cpu":
+        pool = num_pages * args.page_size * cfg.kv_bytes_per_token(args.tp_size, DTYPE_BYTES[kv_cache_dtype])
+        warning = pool_past_available(pool * args.tp_size, available_memory_bytes(_read(Path("/proc/meminfo"))))
+        if warning is not None:
+            logger.warning(warning)
     return Plan(
         model_path=path,
         tokenizer_path=tokenizer_path,

@@ -17,6 +17,7 @@ from radixcluster.model_path import ModelPathError, resolve_tokenizer_path
 from radixcluster.replica_plan import (
     DTYPE_BYTES,
     CpuPlan,
+    available_memory_bytes,
     cgroup_cpu_limit,
     cgroup_memory_limit,
     check_rank_memory,
@@ -27,10 +28,12 @@ from radixcluster.replica_plan import (
     choose_kv_cache_dtype,
     machine_cpus,
     mem_fraction,
+    memory_bytes,
     omp_env,
     packed_weight_bytes,
     plan_cpus,
     plan_kv_pages,
+    pool_past_available,
     prepacks_weights,
     weight_bytes,
 )
@@ -296,3 +299,18 @@ def test_pinned_ranks_never_share_a_core_and_match_their_thread_count(cpus, tp_s
 def test_omp_env_binds_one_thread_per_core():
     assert omp_env(2, [4, 5]) == {"OMP_NUM_THREADS": "2", "OMP_PLACES": "{4},{5}", "OMP_PROC_BIND": "close"}
     assert omp_env(1, None) == {"OMP_NUM_THREADS": "1"}
+
+
+def test_the_memory_available_now_is_read_from_meminfo():
+    meminfo = "MemTotal:       24663160 kB\nMemFree:         1203456 kB\nMemAvailable:    5242880 kB\n"
+    assert available_memory_bytes(meminfo) == 5 * 2**30
+    assert available_memory_bytes("MemTotal: 1 kB") is None
+    assert 0 < available_memory_bytes(Path("/proc/meminfo").read_text()) <= memory_bytes("cpu")
+
+
+def test_a_pool_past_what_the_host_has_free_is_warned_of():
+    """The seeds' GPU line, --mem-fraction-static 0.8, on a 23.5 GiB host with 5 GiB free."""
+    warning = pool_past_available(0.8 * 23.5 * 2**30, 5 * 2**30)
+    assert "18.8 GiB" in warning and "5.0 GiB" in warning and "--mem-fraction-static" in warning
+    assert pool_past_available(4 * 2**30, 5 * 2**30) is None
+    assert pool_past_available(4 * 2**30, None) is None
