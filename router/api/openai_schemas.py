@@ -90,6 +90,7 @@ UNSUPPORTED_CHAT = {
     **UNSUPPORTED_OPENAI,
     "echo": "a chat's answer does not repeat its last message",
     "add_special_tokens": "a chat's special tokens are the ones its template writes",
+    "audio": "answers are text: this server has no audio output",
 }
 
 
@@ -215,6 +216,12 @@ class OpenAIRequest(BaseModel):
             raise ValueError("give a constraint as structured_outputs or as vLLM's older guided_* fields, not both")
         return {**data, "structured_outputs": guided} if guided else data
 
+    @model_validator(mode="after")
+    def _stream_options_with_a_stream(self) -> OpenAIRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")  # as OpenAI and vLLM answer it
+        return self
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -286,6 +293,8 @@ class CompletionIn(OpenAIRequest):
             self.gateway_tokens.check_count(len(prompts))
         if self.echo and self.truncate_prompt_tokens is not None:
             raise ValueError("echo repeats the prompt as sent: it cannot be combined with truncate_prompt_tokens")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be at least n (got best_of {self.best_of} and n {self.n})")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -461,6 +470,7 @@ class ChatCompletionIn(ToolsRequest):
     # SGLang's, with --reasoning-parser: the thinking apart from the answer, streamed as it comes
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    modalities: list[Literal["text"]] | None = None  # answers are text: OpenAI's audio output is refused
 
     _messages_fit = field_validator("messages", mode="before")(fits_context)
 
@@ -470,6 +480,15 @@ class ChatCompletionIn(ToolsRequest):
             self.gateway_tokens.check_count(1)
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
+        if (
+            self.continue_final_message
+            and self.add_generation_prompt
+            and "add_generation_prompt" in self.model_fields_set
+        ):
+            raise ValueError(
+                "continue_final_message and add_generation_prompt cannot both be true: the prompt either "
+                "ends inside the last message or opens the assistant's turn"
+            )
         if not self.add_generation_prompt and not self.continue_final_message:
             raise ValueError(
                 "add_generation_prompt false is supported with continue_final_message only (the prompt then "

@@ -31,6 +31,16 @@ UNSUPPORTED_RESPONSES = {
     "return_token_ids": "token ids come with /v1/chat/completions and /v1/completions",
 }
 LOGPROBS = "message.output_text.logprobs"  # what include names for them
+IncludeOption = Literal[
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+]
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
@@ -178,7 +188,8 @@ class ResponsesIn(OneAnswerRequest):
     reasoning: ReasoningConfig | None = None
     metadata: dict[str, str] | None = None
     # what else the output carries; of the API's options only the message's logprobs apply here
-    include: list[str] | None = None
+    # (the others name tools and inputs this server refuses, or encrypted reasoning it never writes)
+    include: list[IncludeOption] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @model_validator(mode="before")

@@ -484,3 +484,36 @@ def test_a_reasoning_effort_reaches_the_template_as_vllm_passes_it() -> None:
     response = ResponsesIn.model_validate({"input": "Hi", "reasoning": {"effort": "medium", "summary": "auto"}})
     assert response.chat_input()["chat_template_kwargs"] == {"reasoning_effort": "medium", "enable_thinking": True}
     assert ResponsesIn.model_validate({"input": "Hi"}).chat_input()["chat_template_kwargs"] is None
+
+
+@pytest.mark.parametrize(
+    "model, body, says",
+    [
+        (ChatCompletionIn, {"messages": CHAT, "stream_options": {"include_usage": True}}, "only allowed with stream"),
+        (CompletionIn, {"prompt": "hi", "stream": False, "stream_options": {}}, "only allowed with stream"),
+        (CompletionIn, {"prompt": "hi", "n": 2, "best_of": 1}, "best_of must be at least n"),
+        (
+            ChatCompletionIn,
+            {"messages": CHAT, "continue_final_message": True, "add_generation_prompt": True},
+            "cannot both be true",
+        ),
+        (ChatCompletionIn, {"messages": CHAT, "modalities": ["text", "audio"]}, "modalities.1"),
+        (ChatCompletionIn, {"messages": CHAT, "audio": {"voice": "alloy", "format": "wav"}}, "audio output"),
+        (ResponsesIn, {"input": "hi", "include": ["weird"]}, "include.0"),
+    ],
+)
+def test_contradictory_or_unanswerable_fields_are_refused_as_openai_and_vllm_refuse_them(model, body, says) -> None:
+    assert says in refusal(model, body)
+
+
+def test_what_they_allow_is_accepted() -> None:
+    ChatCompletionIn.model_validate({"messages": CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    ChatCompletionIn.model_validate({"messages": CHAT, "modalities": ["text"], "stream_options": None})
+    # SGLang's clients send continue_final_message alone (add_generation_prompt left at its default)
+    ChatCompletionIn.model_validate(
+        {"messages": [*CHAT, {"role": "assistant", "content": "Hel"}], "continue_final_message": True}
+    )
+    CompletionIn.model_validate({"prompt": "hi", "n": 1, "best_of": 1})
+    ResponsesIn.model_validate(
+        {"input": "hi", "include": ["message.output_text.logprobs", "reasoning.encrypted_content"]}
+    )
