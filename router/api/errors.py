@@ -88,14 +88,14 @@ def error_response(status: int, message: str, param: str | None = None, path: st
     return JsonResponse(error_body(status, message, param, path), status_code=status, headers=headers)
 
 
-# pydantic's tags of union members in an error's location ("list[str]", "str"); no field is
-# named like one
+# pydantic's tags of union members in an error's location ("list[str]", "str", "constrained-int"
+# for a bounded one); no field is named like one
 _SCALAR_TAGS = {"str", "int", "float", "bool", "bytes", "none"}
 
 
 def _is_tag(part: object) -> bool:
     text = str(part)
-    return "[" in text or text in _SCALAR_TAGS
+    return "[" in text or text in _SCALAR_TAGS or text.startswith("constrained-")
 
 
 def _union_member(err: Any) -> tuple[tuple[str, ...], str] | None:

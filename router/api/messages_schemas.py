@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 
 from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
-from radixcluster.router.api.native_schemas import SamplingParamsIn, fits_context
+from radixcluster.router.api.native_schemas import Count, SamplingParamsIn, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
@@ -371,7 +371,7 @@ class MessagesIn(MessagesChat):
     """``POST /v1/messages``: one answer, at most ``max_tokens`` long (required, as Anthropic's;
     0 computes the prompt into the cache and answers nothing, Anthropic's pre-warming)."""
 
-    max_tokens: int = Field(ge=0)
+    max_tokens: Count
 
     @model_validator(mode="after")
     def _budget_fits(self) -> MessagesIn:

@@ -14,6 +14,7 @@ from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
     MAX_GRAMMAR_CHARS,
     UNSUPPORTED_REQUEST,
+    Count,
     Deadline,
     Grammar,
     Key,
@@ -276,7 +277,7 @@ class CompletionIn(OpenAIRequest):
     default_max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: int | None = Field(None, ge=0)
+    max_tokens: Count | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=1)  # one sample per choice: only 1 (bench_serving sends it)
@@ -458,8 +459,8 @@ class ChatCompletionIn(ToolsRequest):
     # vLLM's: false only with continue_final_message (which vLLM asks it with), else the prompt
     # ends with the assistant's turn opened
     add_generation_prompt: bool = True
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     # SGLang's and vLLM's: the answer goes on from the last message (an assistant's), unclosed

@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from radixcluster.router.api.native_schemas import SamplingParamsIn, fits_context
+from radixcluster.router.api.native_schemas import Count, SamplingParamsIn, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
@@ -183,7 +183,7 @@ class ResponsesIn(OneAnswerRequest):
 
     input: str | list[InputItem] = Field(min_length=1)
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=0)
+    max_output_tokens: Count | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     metadata: dict[str, str] | None = None

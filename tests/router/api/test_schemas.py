@@ -86,7 +86,7 @@ OPENAI = {
     "a user message without content": (ChatCompletionIn, {"messages": [{"role": "user"}]}, "needs content"),
     "completion infinite temperature": (CompletionIn, {"prompt": "hi", "temperature": float("inf")}, "temperature"),
     "completion temperature beyond float32": (CompletionIn, {"prompt": "hi", "temperature": 1e39}, "temperature"),
-    "chat max_tokens beyond int32": (ChatCompletionIn, {"messages": CHAT, "max_tokens": BIG}, "max_new_tokens"),
+    "chat max_tokens beyond int32": (ChatCompletionIn, {"messages": CHAT, "max_tokens": BIG}, "max_tokens:"),
     "chat stop bomb": (ChatCompletionIn, {"messages": CHAT, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, "stop"),
     "chat stop token bomb": (ChatCompletionIn, {"messages": CHAT, "stop_token_ids": [BIG]}, "stop_token_ids"),
     "chat deadline": (ChatCompletionIn, {"messages": CHAT, "deadline_s": -1}, "deadline_s"),
@@ -517,3 +517,18 @@ def test_what_they_allow_is_accepted() -> None:
     ResponsesIn.model_validate(
         {"input": "hi", "include": ["message.output_text.logprobs", "reasoning.encrypted_content"]}
     )
+
+
+@pytest.mark.parametrize(
+    "model, body, message",
+    [
+        (GenerateIn, {"text": "hi", "logprob_start_len": -5}, "logprob_start_len: Input should be greater than"),
+        (CompletionIn, {"prompt": "hi", "max_tokens": 2**31}, "max_tokens: Input should be less than or equal to"),
+        (ChatCompletionIn, {"messages": CHAT, "max_completion_tokens": 2**31}, "max_completion_tokens: Input"),
+        (ResponsesIn, {"input": "hi", "max_output_tokens": 2**31}, "max_output_tokens: Input"),
+    ],
+)
+def test_a_bounded_member_of_a_union_and_an_output_limit_are_named_as_the_client_sent_them(model, body, message):
+    """Not "logprob_start_len.constrained-int: ...; logprob_start_len: Input should be a valid list",
+    nor the router's max_new_tokens for an OpenAI client's max_tokens."""
+    assert refusal(model, body).startswith(message)
