@@ -123,6 +123,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._refuse(REQUEST_TIMEOUT, f"nothing of the request came for {self.read_timeout_s:g} s")
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to bytes its parser refuses (a bad chunk size, Content-Length beside
+        # Transfer-Encoding, an unknown method, HTTP/2's preface) is plain text; every error of
+        # this server is JSON
+        self._refuse(400, "the request is not valid HTTP/1.1: its head or framing could not be parsed")
+
     def _refuse(self, status: int, message: str) -> None:
         """Answers ``status`` to the request being received and ends the connection; an app
         waiting for that request's body gets a disconnect, and what it answers is dropped."""

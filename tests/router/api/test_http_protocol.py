@@ -156,6 +156,21 @@ def error_of(answer: bytes, status: int) -> str:
     return body["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n",  # no such method
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2's preface
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ],
+    ids=["method", "http2", "chunk size", "length and chunks"],
+)
+def test_bytes_the_parser_refuses_get_a_json_400(address, request_bytes: bytes) -> None:
+    """uvicorn answers them in plain text; every error of the server is JSON."""
+    assert "not valid HTTP/1.1" in error_of(exchange(address, [request_bytes]), 400)
+
+
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(impatient) -> None:
     started = time.monotonic()
     assert exchange(impatient, []) == b""
