@@ -90,6 +90,8 @@ class Launcher:
         self.group_up = False
         self.api: BaseProcess | None = None
         self.stopping = StopFlag()
+        # a second signal: the drain is cut short, and so is a group's load under way
+        self.hurrying = StopFlag()
         self.attention_backend = args.attention_backend
 
     def run(self) -> int:
@@ -118,6 +120,7 @@ class Launcher:
         is the first one delivered twice: ``pkill -f radixcluster`` signals this process and the
         command, which relays it within milliseconds."""
         if self.stopping.seconds_set() > SAME_SIGNAL_S and self.api is not None:
+            self.hurrying.set()
             self._signal_api(signal.SIGINT)
         self.stopping.set()
 
@@ -323,11 +326,16 @@ class Launcher:
 
         assert self.workers is not None and self.plan is not None and self.router_control is not None
         old = self.workers
+        died = ray_cluster.dead_rank(old)
+        if died is not None:  # the router saw only what a peer's collective made of it
+            reason = f"{died}; {reason}"
         logger.warning("replacing TP group %d (%s)", old.generation, reason)
         self.group_up = False
         self.workers = ray_cluster.replace_workers(old, self._worker_configs(self.plan, old.generation + 1))
         try:
-            ray_cluster.load_and_serve(self.workers, self.stopping)
+            # while the api drains, the requests in flight wait for this group: only a second
+            # signal gives it up
+            ray_cluster.load_and_serve(self.workers, self.hurrying if self.stopping.is_set() else self.stopping)
         except ray_cluster.StopRequested:
             return
         except Exception as exc:  # a rank that died or raised while loading
@@ -337,6 +345,16 @@ class Launcher:
         logger.warning("TP group %d serves", self.workers.generation)
         with contextlib.suppress(OSError):
             self.router_control.send_bytes(encode(GroupUp(self.workers.generation)))
+
+    def _drain(self, api: BaseProcess, grace_s: float) -> None:
+        """Wait for the draining api, still replacing a TP group lost meanwhile: the requests in
+        flight finish on the next one (without it they waited out the whole drain for a 503)."""
+        deadline = time.monotonic() + grace_s
+        while api.is_alive() and time.monotonic() < deadline:
+            api.join(0.5)
+            if self.workers is not None and self.router is not None and self.router.is_alive():
+                self._watch_group()
+        _join_or_kill(api, 0)
 
     def _signal_api(self, sig: int) -> None:
         """SIGTERM: the api drains; SIGINT: it ends its requests with an error now."""
@@ -359,7 +377,10 @@ class Launcher:
 
         if self.api is not None and self.api.is_alive():
             self._signal_api(signal.SIGTERM if drain else signal.SIGINT)
-            _join_or_kill(self.api, self.args.shutdown_timeout + STOP_GRACE_S)
+            if drain:
+                self._drain(self.api, self.args.shutdown_timeout + STOP_GRACE_S)
+            else:
+                _join_or_kill(self.api, self.args.shutdown_timeout + STOP_GRACE_S)
         if self.router is not None and self.router.is_alive():
             assert self.router_control is not None
             with contextlib.suppress(OSError):

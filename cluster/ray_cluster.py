@@ -238,22 +238,37 @@ def load_and_serve(workers: RayWorkers, stopping: StopFlag) -> None:
     workers.serve_refs = [actor.serve.remote() for actor in workers.actors]
 
 
-def stopped_rank(workers: RayWorkers) -> str | None:
-    """Which rank's serving loop has ended and why (its process died, or a step failed there),
-    or None while every rank serves."""
+def _ended_ranks(workers: RayWorkers) -> tuple[list[str], list[str]]:
+    """Why the ranks whose serving loops have ended ended: those whose process died, and the
+    others (a step failed there)."""
     import ray
 
-    done, _ = ray.wait(workers.serve_refs, timeout=0)
-    if not done:
-        return None
-    rank = workers.serve_refs.index(done[0])
-    try:
-        ray.get(done[0])
-    except ray.exceptions.RayActorError as exc:
-        return f"rank {rank} died ({first_line(exc)})"
-    except ray.exceptions.RayError as exc:
-        return f"rank {rank} failed ({first_line(exc)})"
-    return f"rank {rank} left its loop after a failed step"
+    done, _ = ray.wait(workers.serve_refs, num_returns=len(workers.serve_refs), timeout=0)
+    died, failed = [], []
+    for ref in done:
+        rank = workers.serve_refs.index(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            died.append(f"rank {rank} died ({first_line(exc)})")
+        except ray.exceptions.RayError as exc:
+            failed.append(f"rank {rank} failed ({first_line(exc)})")
+        else:
+            failed.append(f"rank {rank} left its loop after a failed step")
+    return died, failed
+
+
+def stopped_rank(workers: RayWorkers) -> str | None:
+    """Which rank's serving loop has ended and why, or None while every rank serves. A rank
+    whose process died is named first: its peers' loops end too, on a collective that lost it
+    (gloo's "Connection reset by peer" on rank 0 when rank 2 was killed)."""
+    died, failed = _ended_ranks(workers)
+    return next(iter(died + failed), None)
+
+
+def dead_rank(workers: RayWorkers) -> str | None:
+    """A rank whose process died, and how, or None."""
+    return next(iter(_ended_ranks(workers)[0]), None)
 
 
 def first_line(exc: BaseException) -> str:

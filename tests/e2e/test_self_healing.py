@@ -9,6 +9,7 @@ import concurrent.futures
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import requests
 
 from radixcluster.process_tree import descendants, is_running
 from support.servers import ServerHandle, free_port, launch_server, radixcluster_command, wait_healthy
-from support.streams import started_streams, wait_gone
+from support.streams import finished_normally, started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +118,16 @@ def test_a_rank_that_dies_at_every_load_ends_the_replica_with_the_reason(tmp_pat
     assert wait_gone(tree, 10) == set()
     text = log.read_text()
     assert "giving up (--max-worker-restarts 2)" in text and "did not start" in text
+
+
+def test_a_rank_lost_while_the_replica_drains_is_replaced_and_the_requests_in_flight_finish():
+    """SIGTERM, then rank 0 killed during the drain: the group is replaced as at any other time
+    (the requests waited out the whole drain for a 503), and the command exits 0."""
+    with launch_server() as srv:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            running = started_streams(srv, pool, [160] * 4)
+            srv.process.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            os.kill(rank_pids(srv)[0], signal.SIGKILL)
+            assert all(finished_normally(future.result()) for future in running)
+        assert srv.process.wait(timeout=120) == 0
