@@ -133,7 +133,12 @@ class Launcher:
         args = self.args
         self.plan = plan = make_plan(args)
         self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
-        cache = "disabled" if args.disable_radix_cache else "enabled (RadixAttention: prefixes shared across requests)"
+        # the words the seeds tell a user to look for in SGLang's start-up lines
+        cache = (
+            "disabled (RadixAttention disabled: no prefix sharing)"
+            if args.disable_radix_cache
+            else "enabled (RadixAttention enabled, cache sharing active: prefixes shared across requests)"
+        )
         print(
             f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
             f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens{_kv_note(plan)}, {attention}; "

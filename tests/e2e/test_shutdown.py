@@ -136,7 +136,7 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert "radix cache enabled" in err
+    assert "radix cache enabled (RadixAttention enabled, cache sharing active" in err  # the seed's words
     assert wait_gone(tree, 10) == set()
     # nor its sockets and Ray's session: the reaper removes the runtime dirs after the kill
     assert list(Path(tempfile.gettempdir()).glob(f"radixcluster-{process.pid}-*")) == []
