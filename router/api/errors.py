@@ -173,6 +173,14 @@ def parse_json(body: bytes) -> dict[str, Any]:
     return value
 
 
+def parse_json_for(call: str, body: bytes) -> dict[str, Any]:
+    """parse_json for a call that answers under its own name (``POST /invocations: ...``)."""
+    try:
+        return parse_json(body)
+    except ApiError as exc:
+        raise ApiError(exc.status, f"{call}: {exc.message}") from None
+
+
 def lone_surrogate(value: object) -> str | None:
     """The dotted path of the first string (value or key) in ``value`` that holds an unpaired
     UTF-16 surrogate, which JSON's escapes can spell but no UTF-8 text holds; None if none."""

@@ -6,13 +6,11 @@ routing."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixcluster.router.api.errors import ApiError, failure_response, receive_body, replayed
+from radixcluster.router.api.errors import ApiError, failure_response, parse_json_for, receive_body, replayed
 
 INVOCATIONS = "/invocations"
 # the body's field that names the call, in the order vLLM tries them
@@ -21,11 +19,8 @@ _CALLS = (("messages", "/v1/chat/completions"), ("prompt", "/v1/completions"))
 
 def invoked_path(body: bytes) -> str:
     """The path of the call a body of ``/invocations`` is; ApiError (400) when it is neither."""
-    try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        value = None
-    found = next((path for field, path in _CALLS if isinstance(value, dict) and field in value), None)
+    value = parse_json_for(f"POST {INVOCATIONS}", body)
+    found = next((path for field, path in _CALLS if field in value), None)
     if found is None:
         raise ApiError(
             400,

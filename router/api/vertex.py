@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixcluster.router.api.errors import ApiError, failure_response, receive_body, replayed
+from radixcluster.router.api.errors import ApiError, failure_response, parse_json_for, receive_body, replayed
 from radixcluster.router.api.json_text import JsonResponse
 
 PREDICT_ROUTE_ENV = "AIP_PREDICT_ROUTE"
@@ -34,12 +34,7 @@ def predict_route() -> str:
 def generate_body(body: bytes, route: str) -> dict[str, Any] | None:
     """The /generate body of a prediction call; None when it has no instances (answered []).
     ApiError (400) when it is not a prediction call."""
-    try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        value = None
-    if not isinstance(value, dict):
-        raise ApiError(400, f"POST {route}: {_SHAPE}")
+    value = parse_json_for(f"POST {route}", body)
     instances, parameters = value.get("instances") or [], value.get("parameters") or {}
     if not isinstance(instances, list) or not all(isinstance(i, dict) for i in instances):
         raise ApiError(400, f"POST {route}: instances must be a list of objects; {_SHAPE}")

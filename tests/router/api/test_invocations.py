@@ -40,9 +40,18 @@ def test_the_body_names_the_call_and_is_handed_on_unchanged(body, path):
     assert invoked_path(body.encode()) == path
 
 
-@pytest.mark.parametrize("body", [b'{"input": "Hi"}', b"[1, 2]", b"not json", b'"prompt"', b"\xff"])
-def test_a_body_that_is_neither_call_is_a_400(body):
-    with pytest.raises(ApiError, match="a chat .* or a completion"):
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        (b'{"input": "Hi"}', "a chat .* or a completion"),
+        (b"[1, 2]", "must be a JSON object, not an array"),
+        (b'"prompt"', "must be a JSON object, not a string"),
+        (b'{"prompt": "Hi"', "invalid JSON"),
+        (b"\xff", "invalid JSON"),
+    ],
+)
+def test_a_body_that_is_neither_call_is_a_400_that_says_why(body, why):
+    with pytest.raises(ApiError, match=f"^POST /invocations: .*{why}"):
         invoked_path(body)
     answered = CLIENT.post("/invocations", content=body)
     assert answered.status_code == 400 and "POST /invocations" in answered.json()["error"]["message"]

@@ -61,8 +61,8 @@ def test_a_stream_or_an_error_comes_back_as_generate_sent_it():
 @pytest.mark.parametrize(
     "call, why",
     [
-        (b"[1]", "the body is"),
-        (b"not json", "the body is"),
+        (b"[1]", "must be a JSON object, not an array"),
+        (b"not json", "invalid JSON"),
         (json.dumps({"instances": "a"}).encode(), "a list of objects"),
         (json.dumps({"instances": [1]}).encode(), "a list of objects"),
         (json.dumps({"instances": [{"text": "a"}], "parameters": [1]}).encode(), "parameters must be an object"),
