@@ -174,7 +174,9 @@ def test_bytes_the_parser_refuses_get_a_json_400(address, request_bytes: bytes) 
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(impatient) -> None:
     started = time.monotonic()
     assert exchange(impatient, []) == b""
-    assert READ_TIMEOUT_S <= time.monotonic() - started < TIMEOUT_S
+    # uvloop's timers count from the loop's cached clock (milliseconds, read at the start of the
+    # iteration), so the close may come a few milliseconds before READ_TIMEOUT_S of real time
+    assert READ_TIMEOUT_S - 0.05 <= time.monotonic() - started < TIMEOUT_S
 
 
 def test_a_head_the_client_stops_sending_gets_a_408(impatient) -> None:
