@@ -92,6 +92,9 @@ UNSUPPORTED_CHAT = {
     "echo": "a chat's answer does not repeat its last message",
     "add_special_tokens": "a chat's special tokens are the ones its template writes",
     "audio": "answers are text: this server has no audio output",
+    # OpenAI's deprecated form of tools, which vLLM and SGLang do not read either
+    "functions": 'give them as tools (each {"type": "function", "function": {...}})',
+    "function_call": "use tool_choice",
 }
 
 

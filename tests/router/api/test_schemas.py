@@ -303,6 +303,8 @@ def test_openai_fields_it_cannot_honour_are_refused_unless_null_or_empty() -> No
         ("return_tokens_as_token_ids", True),
         ("echo", True),  # a chat's, unlike a completion's
         ("add_special_tokens", True),
+        ("functions", [{"name": "f", "parameters": {}}]),  # OpenAI's deprecated form of tools
+        ("function_call", "auto"),
     ],
 )
 def test_vllms_extensions_it_cannot_honour_are_refused_unless_null_or_empty(field: str, value) -> None:
