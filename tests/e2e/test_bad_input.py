@@ -127,7 +127,7 @@ OPENAI_CASES = {
     "completion seed of 2**64 - 1": ("/v1/completions", {"prompt": TEXT, "seed": 2**64 - 1}, "seed"),
     "chat seed of 2**63": ("/v1/chat/completions", {"messages": CHAT, "seed": 2**63}, "seed"),
     "chat top_k of 2**63": ("/v1/chat/completions", {"messages": CHAT, "top_k": 2**63}, "top_k"),
-    "chat max_tokens of 2**63": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2**63}, "max_new_tokens"),
+    "chat max_tokens of 2**63": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2**63}, "max_tokens:"),
     "chat stop bomb": ("/v1/chat/completions", {"messages": CHAT, "stop": ["y" * 200_000]}, "stop"),
     "chat template kwargs that set the messages": (
         "/v1/chat/completions",
