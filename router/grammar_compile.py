@@ -91,16 +91,16 @@ class CompileProbe:
         did not within ``limit_s`` (the child is stopped then)."""
         if timeout_s <= 0:
             raise GrammarError(too_slow(kind, limit_s))
-        conn = self._connection()
-        conn.send((kind, spec, any_whitespace))
-        if not conn.poll(timeout_s):
-            self.close()
-            raise GrammarError(too_slow(kind, limit_s))
         try:
+            conn = self._connection()
+            conn.send((kind, spec, any_whitespace))
+            if not conn.poll(timeout_s):
+                self.close()
+                raise GrammarError(too_slow(kind, limit_s))
             error = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # it died (its log has why): the next spec gets a new one
             self.close()
-            raise RuntimeError("the grammar compile process exited (its log has why)") from None
+            raise RuntimeError("the grammar compile process exited") from None
         if error is not None:
             raise GrammarError(error)
 

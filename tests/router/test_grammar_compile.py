@@ -57,6 +57,19 @@ def test_a_bad_spec_says_why_from_the_child_and_no_time_left_is_too_slow_at_once
         probe.close()
 
 
+def test_a_child_that_died_is_replaced_at_the_next_spec(info):
+    probe = CompileProbe(info)
+    try:
+        probe.check("regex", "[a-z]{2}", True, timeout_s=30.0, limit_s=30.0)
+        os.kill(probe.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(RuntimeError, match="exited"):
+            probe.check("regex", "[a-z]{3}", True, timeout_s=30.0, limit_s=30.0)
+        probe.check("regex", "[a-z]{4}", True, timeout_s=30.0, limit_s=30.0)
+    finally:
+        probe.close()
+
+
 def test_the_child_ends_when_its_router_is_killed_in_the_middle_of_a_compile(model_path, tmp_path):
     """A stand-in router process: its probe compiles the slow regex when it is SIGKILLed."""
     script = textwrap.dedent(
