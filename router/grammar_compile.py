@@ -1,6 +1,6 @@
 """Compiling one regex / JSON-schema / EBNF spec with xgrammar, and trying each new spec first in
-a child process under a deadline: xgrammar's time on some specs grows exponentially (a schema
-nested a few hundred levels, a regex of long counted repetitions), and a compile that runs past
+a child process under a deadline: xgrammar's time on some specs grows steeply (a schema nested
+150, 300, 600 levels: 0.2, 1.6, 21 s; a regex of long counted repetitions), and a compile that runs past
 its deadline is stopped with its process, its core and memory with it, instead of holding the
 router's compile thread for minutes and every spec queued behind it."""
 
