@@ -21,6 +21,8 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 # the pid of the command (fork_into_own_group's caller), which names its processes' runtime dirs
 _COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
+# the runtime dirs' kinds (a replica's, a --dp-size command's), which name them and find them again
+RUNTIME_KINDS = ("", "dp-")
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -80,16 +82,18 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def runtime_dir(kind: str = "") -> str:
-    """A new private directory (a replica's sockets and Ray's session, ``kind`` in its name),
-    named after the command that started this process, which removes it however its processes
-    end: SIGKILLed ones clean nothing up themselves (see fork_into_own_group)."""
+    """A new private directory (a replica's sockets and Ray's session; ``kind``, one of
+    RUNTIME_KINDS, in its name), named after the command that started this process, which
+    removes it however its processes end: SIGKILLed ones clean nothing up themselves (see
+    fork_into_own_group)."""
+    assert kind in RUNTIME_KINDS, f"{kind!r} is no runtime dir kind: remove_runtime_dirs would miss it"
     command = os.environ.get(_COMMAND_PID, str(os.getpid()))
     return tempfile.mkdtemp(prefix=f"radixcluster-{kind}{command}-")
 
 
 def remove_runtime_dirs(command: int) -> None:
     """Remove the runtime directories of the command whose pid is ``command``."""
-    for kind in ("", "dp-"):
+    for kind in RUNTIME_KINDS:
         for path in Path(tempfile.gettempdir()).glob(f"radixcluster-{kind}{command}-*"):
             shutil.rmtree(path, ignore_errors=True)
 

@@ -27,6 +27,15 @@ FAIL_FLUSH_S = 5
 RESPONSES_PATH = "/v1/responses"
 
 
+async def refused_while_draining(draining: bool, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Answer an HTTP request the drain's 503 while ``draining`` (monitoring's paths are still
+    served); whether it did."""
+    if not draining or scope["type"] != "http" or scope["path"] in DRAIN_PATHS:
+        return False
+    await error_response(503, SHUTTING_DOWN, path=scope["path"])(scope, receive, send)
+    return True
+
+
 class Drain(Protocol):
     """What a draining server asks of its app."""
 
@@ -132,8 +141,8 @@ class RequestDrain:
         async def gated(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":
                 return await app(scope, receive, send)
-            if self.draining and scope["path"] not in DRAIN_PATHS:
-                return await error_response(503, SHUTTING_DOWN, path=scope["path"])(scope, receive, send)
+            if await refused_while_draining(self.draining, scope, receive, send):
+                return None
             task, answer = asyncio.current_task(), _Answer(send, scope["path"])
             assert task is not None
             self._answers[task] = answer

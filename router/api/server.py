@@ -19,8 +19,8 @@ from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
 from radixcluster.router.api.context import ApiConfig, ApiContext
 from radixcluster.router.api.control_routes import control_routes
-from radixcluster.router.api.draining import DRAIN_PATHS, FAIL_FLUSH_S, DrainingServer
-from radixcluster.router.api.errors import SHUTTING_DOWN, error_response, install_error_handlers
+from radixcluster.router.api.draining import FAIL_FLUSH_S, DrainingServer, refused_while_draining
+from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.api.messages_routes import messages_routes
@@ -45,9 +45,8 @@ class DrainGate:
         self._ctx = ctx
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._ctx.draining and scope["type"] == "http" and scope["path"] not in DRAIN_PATHS:
+        if await refused_while_draining(self._ctx.draining, scope, receive, send):
             self._ctx.metrics.count_rejection(503)
-            await error_response(503, SHUTTING_DOWN, path=scope["path"])(scope, receive, send)
             return
         await self._app(scope, receive, send)
 
