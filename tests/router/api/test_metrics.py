@@ -13,6 +13,7 @@ from radixcluster.router.api.metrics import ApiMetrics
 STATS = {
     "prompt_tokens_total": 1000,
     "cached_tokens_total": 600,
+    "token_hit_rate": 0.6,
     "generation_tokens_total": 96,
     "total_requests": 7,
     "aborted_requests_total": 1,
@@ -58,10 +59,12 @@ def test_sglang_names_carry_our_values_with_the_model_name() -> None:
         "radixcluster_num_running_reqs": "sglang:num_running_reqs",
         "radixcluster_num_waiting_reqs": "sglang:num_queue_reqs",
         "radixcluster_gen_throughput": "sglang:gen_throughput",
+        "radixcluster_token_hit_rate": "sglang:cache_hit_rate",
     }
     for ours, sglang in pairs.items():
         assert got[(sglang, MODEL)] == got[(ours, ())], sglang
     assert got[("sglang:num_queue_reqs", MODEL)] == 2 and got[("sglang:num_running_reqs", MODEL)] == 3
+    assert got[("sglang:cache_hit_rate", MODEL)] == 0.6
 
 
 def test_vllm_names_carry_our_values_with_its_labels() -> None:
