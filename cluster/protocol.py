@@ -67,7 +67,6 @@ class SamplingParams:
     stop_regex: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     seed: int | None = None
     regex: str | None = None

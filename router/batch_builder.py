@@ -104,7 +104,8 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
     ints = np.array([r.int_row for r in reqs], dtype=np.int64).reshape(len(reqs), 3)
     penalized = [r.output_ids if r.has_penalty else () for r in reqs]
     penalty_ids = [t for ids in penalized for t in ids]
-    biased = [r for r in reqs if r.bias_ids.size]
+    biases = [r.step_bias() for r in reqs]
+    biased = [bias for bias in biases if bias[0].size]
     repeated = [r for r in reqs if r.prompt_vocab.size]
     return SamplingBatch(
         temperature=floats[:, 0].copy(),
@@ -120,9 +121,9 @@ def build_sampling(reqs: Sequence[Request]) -> SamplingBatch:
         prompt_penalty_ids=np.concatenate([r.prompt_vocab for r in repeated]) if repeated else np.zeros(0, np.int32),
         prompt_penalty_lens=np.array([r.prompt_vocab.size for r in reqs], dtype=np.int32),
         top_logprobs_num=ints[:, 2].astype(np.int32),
-        bias_ids=np.concatenate([r.bias_ids for r in biased]) if biased else np.zeros(0, np.int32),
-        bias_values=np.concatenate([r.bias_values for r in biased]) if biased else np.zeros(0, np.float32),
-        bias_lens=np.array([r.bias_ids.size for r in reqs], dtype=np.int32),
+        bias_ids=np.concatenate([ids for ids, _ in biased]) if biased else np.zeros(0, np.int32),
+        bias_values=np.concatenate([values for _, values in biased]) if biased else np.zeros(0, np.float32),
+        bias_lens=np.array([ids.size for ids, _ in biases], dtype=np.int32),
         return_logprob=any(r.return_logprob for r in reqs),
     )
 

@@ -37,9 +37,21 @@ class _Stream:
     held: RequestOutput | None = None
 
     def feed(self, delta: str) -> tuple[str, bool]:
-        """Text to emit and whether a stop string or stop regex ended it."""
-        text, stopped = self.stops.feed(delta)
-        return (text, True) if stopped else self.regexes.feed(text)
+        """Text to emit and whether a stop string or stop regex ended it (neither can before
+        min_new_tokens, as in SGLang and vLLM)."""
+        armed = len(self.request.output_ids) >= self.request.sampling.min_new_tokens
+        text, stopped = self.stops.feed(delta, armed)
+        return (text, True) if stopped else self.regexes.feed(text, armed)
+
+    def new_ids(self) -> list[int]:
+        """The ids whose text is still to come: its new ids, less the stop token that ended it
+        (its text is left out unless no_stop_trim, as SGLang and vLLM leave it out)."""
+        req = self.request
+        ids = req.output_ids[self.sent_ids :]
+        reason = req.finish_reason or {}
+        if ids and reason.get("type") == "stop" and isinstance(reason.get("matched"), int):
+            return ids if self.stops.no_stop_trim else ids[:-1]
+        return ids
 
     def flush(self) -> str:
         """The rest of the text of a request that ended without a stop."""
@@ -65,7 +77,7 @@ class OutputStreams:
             request=request,
             stream=msg.stream,
             interval=s.stream_interval or self.stream_interval,
-            detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens, s.spaces_between_special_tokens),
+            detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens),
             stops=StopChecker(s.stop, s.no_stop_trim),
             regexes=RegexStopChecker(s.stop_regex),
             prompt_text=prompt_text,
@@ -102,7 +114,7 @@ class OutputStreams:
             if stream is None:
                 continue
             try:
-                text, stopped = stream.feed(stream.detok.add(req.output_ids[stream.sent_ids :]))
+                text, stopped = stream.feed(stream.detok.add(stream.new_ids()))
                 if req.finished and not stopped:
                     text += stream.flush()
             except StopRegexTimeout as exc:

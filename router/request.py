@@ -76,6 +76,9 @@ class Request:
     prompt_vocab: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
     bias_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
     bias_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), init=False)
+    # the biases while it has fewer than min_new_tokens: -inf on the tokens that would end it
+    early_bias_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32), init=False)
+    early_bias_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32), init=False)
 
     def __post_init__(self) -> None:
         self.prompt_ids = np.ascontiguousarray(self.prompt_ids, dtype=np.int32).reshape(-1)
@@ -103,6 +106,19 @@ class Request:
         if s.logit_bias:
             self.bias_ids = np.fromiter(s.logit_bias.keys(), np.int32, len(s.logit_bias))
             self.bias_values = np.fromiter(s.logit_bias.values(), np.float32, len(s.logit_bias))
+        self.early_bias_ids, self.early_bias_values = self.bias_ids, self.bias_values
+        if s.min_new_tokens and self.grammar is None:
+            # as vLLM and SGLang: before min_new_tokens, EOS and stop_token_ids cannot be sampled (a
+            # grammar decides its own end: it may allow nothing else)
+            ending = np.array(sorted({*s.stop_token_ids, *(() if s.ignore_eos else self.eos_token_ids)}), np.int32)
+            self.early_bias_ids = np.concatenate([self.bias_ids, ending])
+            self.early_bias_values = np.concatenate([self.bias_values, np.full(ending.size, -np.inf, np.float32)])
+
+    def step_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        """The logit biases (ids, values) of its next sampled token."""
+        if len(self.output_ids) < self.sampling.min_new_tokens:
+            return self.early_bias_ids, self.early_bias_values
+        return self.bias_ids, self.bias_values
 
     @property
     def fill_len(self) -> int:

@@ -157,6 +157,8 @@ class SamplingParamsIn(BaseModel):
     stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    # accepted for SGLang's and vLLM's clients: their fast tokenizers, like this one, put no
+    # spaces around special tokens either way
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = Field(1, ge=1, le=64)
@@ -232,7 +234,6 @@ class SamplingParamsIn(BaseModel):
             stop_regex=_as_list(self.stop_regex),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
             no_stop_trim=self.no_stop_trim,
             seed=self.seed,
             regex=self.regex,

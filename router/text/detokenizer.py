@@ -27,20 +27,17 @@ class IncrementalDetokenizer:
     models emit) streams exactly there too.
     """
 
-    __slots__ = ("_tokenizer", "_skip_special", "_spaces", "ids", "prefix_offset", "read_offset")
+    __slots__ = ("_tokenizer", "_skip_special", "ids", "prefix_offset", "read_offset")
 
-    def __init__(
-        self, tokenizer: Tokenizer, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
-        self._spaces = spaces_between_special_tokens
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids, self._skip_special, self._spaces)
+        return self._tokenizer.decode(ids, self._skip_special)
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append new ids; the text they complete (possibly "")."""
@@ -63,7 +60,9 @@ class IncrementalDetokenizer:
 class StopChecker:
     """Finds the first stop string in streamed text in O(new text x stop strings) per delta.
 
-    ``feed(delta)`` returns ``(text to emit, stopped)``. The stop string that wins is the
+    ``feed(delta, armed)`` returns ``(text to emit, stopped)``; while not ``armed`` (the request
+    has fewer than its min_new_tokens) a stop string that completes is passed over, and one that
+    began there and completes once armed still counts. The stop string that wins is the
     first to be complete in the text (on a tie, the one starting earliest), so the result
     does not depend on how the text was split into deltas. The emitted text ends before
     it, or after it with ``no_stop_trim``; nothing after it is ever emitted. While no stop
@@ -87,13 +86,13 @@ class StopChecker:
         self.stopped = False
         self.matched: str | None = None
 
-    def feed(self, delta: str) -> tuple[str, bool]:
+    def feed(self, delta: str, armed: bool = True) -> tuple[str, bool]:
         if self.stopped:
             return "", True
         text = self._held + delta
         for offset, char in enumerate(delta, start=len(self._held) + 1):
             stop = self._advance(char)
-            if stop is not None:
+            if stop is not None and armed:
                 self.stopped, self.matched, self._held = True, stop, ""
                 return text[: offset if self.no_stop_trim else offset - len(stop)], True
         hold = max(self._states, default=0)
@@ -114,9 +113,10 @@ class StopChecker:
                 state = fallback[state - 1]
             if stop[state] == char:
                 state += 1
+            if state == len(stop):
+                done = stop if done is None or len(stop) > len(done) else done
+                state = fallback[state - 1]  # a match passed over: go on as KMP does
             self._states[k] = state
-            if state == len(stop) and (done is None or len(stop) > len(done)):
-                done = stop
         return done
 
 

@@ -32,7 +32,6 @@ class Tokenizer:
     add_bos_token: bool
     template_tokens: dict[str, str | None]
     special_ids: frozenset[int]
-    added_ids: frozenset[int]
     # names what turns a text or a chat into ids: two tokenizers with one fingerprint give the
     # same ids, so a gateway's ids can stand in for a replica's own
     fingerprint: str
@@ -60,29 +59,10 @@ class Tokenizer:
             return [self.bos_token_id, *ids]
         return ids
 
-    def decode(
-        self, ids: list[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = False
-    ) -> str:
-        """Text of ``ids``. With ``spaces_between_special_tokens`` the text runs and the added
-        tokens that are kept are joined by one space (the convention of transformers' slow
-        tokenizers, SGLang's and vLLM's ``spaces_between_special_tokens``)."""
-        if not spaces_between_special_tokens or self.added_ids.isdisjoint(ids):
-            return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        pieces: list[str] = []
-        run: list[int] = []
-        for token_id in ids:
-            if token_id not in self.added_ids:
-                run.append(token_id)
-                continue
-            if skip_special_tokens and token_id in self.special_ids:
-                continue
-            if run:
-                pieces.append(self.backend.decode(run, skip_special_tokens=False))
-                run = []
-            pieces.append(self.backend.id_to_token(token_id) or "")
-        if run:
-            pieces.append(self.backend.decode(run, skip_special_tokens=False))
-        return " ".join(pieces)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``, as the fast tokenizers SGLang and vLLM decode with: no spaces put
+        around special tokens (their ``spaces_between_special_tokens`` changes nothing there)."""
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
         self,
@@ -158,7 +138,6 @@ def _assemble(
         add_bos_token=add_bos_token,
         template_tokens=template_tokens,
         special_ids=frozenset(i for i, token in added.items() if token.special),
-        added_ids=frozenset(added),
         fingerprint=fingerprint,
         pieces=PieceEncoder.for_backend(backend),
     )

@@ -183,6 +183,7 @@ def test_continuous_usage_stats_put_the_counts_so_far_in_every_chunk(client, mod
     *running, final = chunks
     counts = [c.usage.completion_tokens for c in running]
     assert counts == sorted(counts) and counts[-1] == final.usage.completion_tokens > 0
+    assert counts[0] == (0 if chat else 1)  # a chat's first chunk gives the role, before any token
     assert all(c.usage.prompt_tokens == final.usage.prompt_tokens for c in running)
     assert all(c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens for c in running)
 
@@ -432,6 +433,50 @@ def test_logit_bias_bans_the_greedy_token_and_forces_another(server, client, mod
     )
     unbiased = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0)
     assert banned.choices[0].text != unbiased.choices[0].text
+
+
+def test_min_tokens_keeps_every_stop_away_until_then(client, model):
+    """vLLM's min_tokens (SGLang's min_new_tokens): EOS and stop_token_ids cannot be sampled
+    before it, and stop strings do not end the text there."""
+    prompt = "<|im_start|>user\nSay just the word yes.<|im_end|>\n<|im_start|>assistant\n"
+    ask = dict(model=model, prompt=prompt, max_tokens=30, temperature=0, extra_body={"return_token_ids": True})
+    short = client.completions.create(**ask).choices[0]
+    assert short.finish_reason == "stop" and len(short.token_ids) < 10  # the EOS would come early
+    held = client.completions.create(**ask | {"extra_body": {"return_token_ids": True, "min_tokens": 10}}).choices[0]
+    assert 2 not in held.token_ids[:-1] and len(held.token_ids) > 10 and "<|im_start|>" not in held.text
+    dot = short.token_ids[-2]  # the answer's last token before the EOS
+    stops = {"min_tokens": 10, "stop_token_ids": [dot], "return_token_ids": True}
+    late = client.completions.create(**ask | {"extra_body": stops}).choices[0]
+    assert dot not in late.token_ids[:10]
+    by_string = client.completions.create(**ask | {"stop": ["."], "extra_body": {"min_tokens": 10}}).usage
+    assert by_string.completion_tokens >= 10
+
+
+def test_a_stop_tokens_text_is_left_out_unless_asked_for(server, client, model):
+    """As SGLang's no_stop_trim and vLLM's include_stop_str_in_output: the token that ended the
+    answer stays in its ids, its text only when asked for."""
+    prompt = "The capital of France is"
+    plain = client.completions.create(
+        model=model, prompt=prompt, max_tokens=4, temperature=0, extra_body={"return_token_ids": True}
+    )
+    stop_id = plain.choices[0].token_ids[1]
+    ask = dict(model=model, prompt=prompt, max_tokens=4, temperature=0)
+    trimmed = client.completions.create(**ask, extra_body={"stop_token_ids": [stop_id], "return_token_ids": True})
+    kept = client.completions.create(
+        **ask, extra_body={"stop_token_ids": [stop_id], "include_stop_str_in_output": True}
+    )
+    assert trimmed.choices[0].token_ids == plain.choices[0].token_ids[:2]
+    assert kept.choices[0].text.startswith(trimmed.choices[0].text) and len(kept.choices[0].text) > len(
+        trimmed.choices[0].text
+    )
+    assert plain.choices[0].text.startswith(kept.choices[0].text)
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "stop_token_ids": [stop_id]}}
+    native = post(server, "/generate", body).json()
+    assert native["text"] == trimmed.choices[0].text and native["meta_info"]["finish_reason"]["matched"] == stop_id
+    chat = "<|im_start|>user\nSay just the word yes.<|im_end|>\n<|im_start|>assistant\n"
+    eos = {"text": chat, "sampling_params": {"max_new_tokens": 30, "temperature": 0, "skip_special_tokens": False}}
+    answer = post(server, "/generate", eos).json()
+    assert answer["meta_info"]["finish_reason"]["matched"] == 2 and "<|im_end|>" not in answer["text"]
 
 
 def test_completion_logprobs(client, model):

@@ -353,6 +353,29 @@ def test_decode_steps_send_only_new_pages_and_sampling_rows() -> None:
     assert sb.bias_values.tolist() == [-100.0, 2.5]
 
 
+def test_eos_and_stop_token_ids_cannot_be_sampled_before_min_new_tokens() -> None:
+    """As vLLM's and SGLang's min_tokens: -inf on them until the request has that many tokens
+    (EOS not, with ignore_eos); a grammar's requests end as their grammar says."""
+    s, ex = make(page_size=4)
+    early = Request(
+        "early",
+        rand(10, 18),
+        SamplingParams(max_new_tokens=6, min_new_tokens=2, stop_token_ids=[9], logit_bias={7: 1.5}),
+        eos_token_ids=(2,),
+    )
+    lenient = Request("lenient", rand(10, 19), SamplingParams(min_new_tokens=2, ignore_eos=True), eos_token_ids=(2,))
+    for r in (early, lenient):
+        s.add_request(r)
+    banned = s.schedule()
+    sb = banned.forward.sampling
+    assert sb.bias_lens.tolist() == [3, 0] and sb.bias_ids.tolist() == [7, 2, 9]
+    assert sb.bias_values.tolist() == [1.5, float("-inf"), float("-inf")]
+    assert lenient.step_bias()[0].size == 0  # ignore_eos and no stop_token_ids: nothing to ban
+    s.process_result(banned, ex(banned.forward))
+    s.process_result(second := s.schedule(), ex(second.forward))
+    assert len(early.output_ids) == 2 and s.schedule().forward.sampling.bias_ids.tolist() == [7]
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_a_prefill_step_carries_the_next_token_of_every_running_request(page_size: int) -> None:
     s, ex = make(page_size=page_size, chunk=16)

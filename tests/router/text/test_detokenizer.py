@@ -18,7 +18,6 @@ TEXTS = [
     "Ünïcödé façade — “quotes” … 日本語 한국어",
     "<|im_start|>assistant\nSure!<|im_end|>\n<|endoftext|>",
 ]
-FLAGS = [(skip, spaces) for skip in (True, False) for spaces in (True, False)]
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +25,17 @@ def tokenizer(model_path: Path) -> Tokenizer:
     return load_tokenizer(model_path)
 
 
-def stream(tokenizer: Tokenizer, ids: list[int], skip: bool, spaces: bool) -> list[str]:
-    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+def stream(tokenizer: Tokenizer, ids: list[int], skip: bool) -> list[str]:
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
     return [detok.add([i]) for i in ids] + [detok.flush()]
 
 
-@pytest.mark.parametrize("skip, spaces", FLAGS)
+@pytest.mark.parametrize("skip", (True, False))
 @pytest.mark.parametrize("text", TEXTS)
-def test_streamed_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, text: str, skip: bool, spaces: bool) -> None:
+def test_streamed_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, text: str, skip: bool) -> None:
     ids = tokenizer.encode(text)
-    deltas = stream(tokenizer, ids, skip, spaces)
-    assert "".join(deltas) == tokenizer.decode(ids, skip, spaces)
+    deltas = stream(tokenizer, ids, skip)
+    assert "".join(deltas) == tokenizer.decode(ids, skip)
     # Characters spanning several tokens are held, never streamed half-done.
     assert not any("\ufffd" in d for d in deltas)
 
@@ -44,33 +43,29 @@ def test_streamed_deltas_concatenate_to_full_decode(tokenizer: Tokenizer, text: 
 def test_multi_token_characters_are_held_until_complete(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("🎉")
     assert len(ids) > 1
-    deltas = stream(tokenizer, ids, True, True)
+    deltas = stream(tokenizer, ids, True)
     assert deltas[:-2] == [""] * (len(ids) - 1) and deltas[-2:] == ["🎉", ""]
 
 
-def test_spaces_between_special_tokens(tokenizer: Tokenizer) -> None:
+def test_special_tokens_are_kept_or_skipped_without_spaces_around_them(tokenizer: Tokenizer) -> None:
+    """As transformers' fast tokenizer decodes them (what SGLang and vLLM answer with)."""
     ids = tokenizer.encode("<|im_start|>user\nhi<|im_end|><|endoftext|>")
-    assert (
-        tokenizer.decode(ids, skip_special_tokens=False, spaces_between_special_tokens=True)
-        == "<|im_start|> user\nhi <|im_end|> <|endoftext|>"
-    )
     assert tokenizer.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|><|endoftext|>"
-    assert tokenizer.decode(ids, skip_special_tokens=True, spaces_between_special_tokens=True) == "user\nhi"
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "user\nhi"
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     ids=st.lists(st.one_of(st.integers(0, 49151), st.integers(0, 16), st.integers(150, 400)), max_size=30),
     chunk=st.integers(1, 4),
-    flags=st.sampled_from(FLAGS),
+    skip=st.booleans(),
 )
-def test_random_token_sequences(tokenizer: Tokenizer, ids: list[int], chunk: int, flags: tuple[bool, bool]) -> None:
+def test_random_token_sequences(tokenizer: Tokenizer, ids: list[int], chunk: int, skip: bool) -> None:
     """Any ids (special tokens, stray UTF-8 bytes) in chunks of any size decode to the
     same text incrementally as all at once."""
-    skip, spaces = flags
-    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=skip)
     deltas = [detok.add(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
-    assert "".join(deltas) + detok.flush() == tokenizer.decode(ids, skip, spaces)
+    assert "".join(deltas) + detok.flush() == tokenizer.decode(ids, skip)
 
 
 def stop_stream(
@@ -146,6 +141,18 @@ def test_stop_checker_matches_reference(text: str, stops: list[str], cuts: list[
     # Never a complete stop string in trimmed output, and nothing streamed past it.
     if not no_stop_trim:
         assert not any(s in "".join(out) for s in stops)
+
+
+def test_stop_strings_completed_before_the_request_is_armed_are_passed_over() -> None:
+    """Before min_new_tokens no stop string ends the text; one that began there and completes
+    once armed still does."""
+    checker = StopChecker(["."])
+    assert checker.feed("Paris.", armed=False) == ("Paris.", False)
+    assert checker.feed(" Yes. No", armed=True) == (" Yes", True) and checker.matched == "."
+    spanning = StopChecker(["aa"])
+    assert spanning.feed("xaaa", armed=False) == ("xaa", False)  # "aa" passed over, the last "a" held
+    assert spanning.feed("b", armed=True) == ("ab", False)
+    assert spanning.feed("aa", armed=True) == ("", True)
 
 
 def test_a_long_stop_string_is_matched_across_many_deltas() -> None:

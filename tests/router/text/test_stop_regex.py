@@ -36,6 +36,16 @@ def test_the_match_that_ends_first_wins_whatever_the_order():
     assert checker.matched == "o w"
 
 
+def test_a_match_must_end_in_text_fed_once_armed():
+    """Before min_new_tokens no match ends the text; one that spans into armed text does."""
+    checker = RegexStopChecker([r"\d", "ab"])
+    assert checker.feed("1 2 a", armed=False) == ("1 2 a", False)
+    assert checker.feed("b!", armed=True) == ("b", True) and checker.matched == "ab"
+    later = RegexStopChecker([r"\d+"])
+    assert later.feed("12", armed=False) == ("12", False)
+    assert later.feed(" x3", armed=True) == (" x3", True)
+
+
 def test_no_patterns_pass_everything_through():
     checker = RegexStopChecker([])
     assert feed_all(checker, ["any", "thing"]) == ["any", "thing"] and not checker.stopped
