@@ -74,12 +74,12 @@ def token_counts(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def running_usage(gen: Generation, body: OpenAIRequest) -> dict[str, Any]:
+def running_usage(gen: Generation, body: OpenAIRequest, opening: bool = False) -> dict[str, Any]:
     """vLLM's ``stream_options.continuous_usage_stats``: every chunk of a choice carries its
-    counts so far (nothing without it)."""
+    counts so far (nothing without it); a chat's ``opening`` chunk (the role) counts no tokens."""
     if not body.continuous_usage:
         return {}
-    return {"usage": token_counts(gen.prompt_tokens, gen.completion_tokens)}
+    return {"usage": token_counts(gen.prompt_tokens, 0 if opening else gen.completion_tokens)}
 
 
 class SentIds:
@@ -225,7 +225,11 @@ async def _chat_chunks(
     ids = SentIds(body, len(streams))
 
     def chunk(
-        index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None, reason: dict[str, Any] = _UNFINISHED
+        index: int,
+        delta: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+        reason: dict[str, Any] = _UNFINISHED,
+        opening: bool = False,
     ) -> dict[str, Any]:
         gen = latest[index]
         choice = {"index": index, "delta": delta, "logprobs": logprobs, **reason}
@@ -233,7 +237,7 @@ async def _chat_chunks(
         if ids.on:  # a chat's prompt ids go beside the choices, as vLLM's
             prompt_ids, choice["token_ids"] = ids.take(gen, index)
             prompt = {"prompt_token_ids": prompt_ids} if prompt_ids is not None else {}
-        return {**head, **prompt, "choices": [choice], **running_usage(gen, body)}
+        return {**head, **prompt, "choices": [choice], **running_usage(gen, body, opening)}
 
     def news(index: int, parts: dict[str, str | None]) -> dict[str, str]:
         """What of each part was not sent yet (and counts it sent)."""
@@ -247,7 +251,7 @@ async def _chat_chunks(
     async for index, gen in merge(streams):
         started, latest[index] = latest[index] is not None, gen
         if not started:
-            yield chunk(index, {"role": "assistant", "content": ""})
+            yield chunk(index, {"role": "assistant", "content": ""}, opening=True)
         logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
         # text that may be a marker or a tool call is held until it is known; calls go out whole
         if not gen.finished:
