@@ -50,7 +50,8 @@ class InputText(BaseModel):
 
 
 def _joined(content: str | list[InputText]) -> str:
-    return content if isinstance(content, str) else "".join(part.text for part in content)
+    """Its text: text parts one per line, as the chat's."""
+    return content if isinstance(content, str) else "\n".join(part.text for part in content)
 
 
 class InputMessage(BaseModel):

@@ -26,7 +26,7 @@ def test_instructions_come_first_then_the_input_as_messages() -> None:
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ann!"}]},
         {
             "role": "developer",
-            "content": [{"type": "input_text", "text": "Be"}, {"type": "input_text", "text": " kind."}],
+            "content": [{"type": "input_text", "text": "Be"}, {"type": "input_text", "text": "kind."}],
         },
     ]
     body = ResponsesIn.model_validate({"input": turns, "instructions": "Be brief."})
@@ -34,7 +34,7 @@ def test_instructions_come_first_then_the_input_as_messages() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "I'm Ann."},
         {"role": "assistant", "content": "Hello Ann!"},
-        {"role": "developer", "content": "Be kind."},
+        {"role": "developer", "content": "Be\nkind."},  # text parts one per line, as the chat's
     ]
 
 
