@@ -180,7 +180,8 @@ class OpenAIRequest(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsIn | None = None  # vLLM's
     min_tokens: int = Field(0, ge=0)
-    top_k: int | None = None
+    # vLLM's 0 (its default) is the whole vocabulary, SGLang's -1
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX)
     min_p: float | None = None
     repetition_penalty: float | None = None
     regex: Grammar = None
@@ -265,6 +266,8 @@ class OpenAIRequest(BaseModel):
             "presence_penalty": self.presence_penalty,
         }
         params.update({name: getattr(self, name) for name in _EXTRA_SAMPLING if getattr(self, name) is not None})
+        if self.top_k == 0:
+            params["top_k"] = -1
         answer_format = self.answer_format()
         schema = answer_format.grammar() if answer_format is not None else None
         if schema is not None:
@@ -357,7 +360,7 @@ class ChatMessageIn(BaseModel):
     def as_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "\n".join(part.text for part in content)  # as vLLM, and /tokenize's chats
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
             message["tool_calls"] = template_tool_calls(self.tool_calls)

@@ -141,6 +141,12 @@ def test_only_an_assistants_message_may_come_without_content() -> None:
     assert [m.as_dict()["content"] for m in body.messages] == ["hi", "", ""]
 
 
+def test_text_parts_are_read_one_per_line_as_vllm_and_tokenize_read_them() -> None:
+    parts = [{"type": "text", "text": "Name three"}, {"type": "text", "text": "prime numbers."}]
+    body = ChatCompletionIn.model_validate({"messages": [{"role": "user", "content": parts}]})
+    assert body.messages[0].as_dict()["content"] == "Name three\nprime numbers."
+
+
 @pytest.mark.parametrize(
     "model, body",
     [
@@ -401,6 +407,14 @@ def test_a_chats_top_logprobs_need_its_logprobs() -> None:
     assert "top_logprobs needs logprobs" in refusal(ChatCompletionIn, {"messages": CHAT, "top_logprobs": 2})
     ChatCompletionIn.model_validate({"messages": CHAT, "top_logprobs": 2, "logprobs": True})
     ChatCompletionIn.model_validate({"messages": CHAT, "top_logprobs": 0})
+
+
+def test_vllms_top_k_zero_is_the_whole_vocabulary_on_the_openai_endpoints() -> None:
+    for top_k, expected in ((0, -1), (-1, -1), (5, 5)):
+        body = CompletionIn.model_validate({"prompt": "hi", "top_k": top_k})
+        assert body.sampling().to_protocol().top_k == expected
+    assert "top_k" in refusal(CompletionIn, {"prompt": "hi", "top_k": -2})
+    assert "top_k must be -1 (off) or at least 1" in str(pytest.raises(ValueError, SamplingParamsIn, top_k=0).value)
 
 
 def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
