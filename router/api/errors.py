@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive
 
+from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.router_client import DuplicateRequestId, RouterError, RouterUnavailable
 
@@ -123,9 +124,17 @@ def _location(err: Any) -> str:
     return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
 
 
+def _param(err: Any) -> str:
+    """The dotted path of the field an error is about, a FieldError's field included."""
+    loc, cause = _location(err), (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError) and cause.field:
+        return f"{loc}.{cause.field}" if loc else cause.field
+    return loc
+
+
 def validation_param(exc: ValidationError | RequestValidationError) -> str | None:
     """The first offending field, as OpenAI's ``param`` names it (None: the whole body)."""
-    return next((loc for loc in map(_location, _helpful(list(exc.errors()))) if loc), None)
+    return next((loc for loc in map(_param, _helpful(list(exc.errors()))) if loc), None)
 
 
 _BOUNDS = {"le": "less than or equal to", "ge": "greater than or equal to", "lt": "less than", "gt": "greater than"}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 
 from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
-from radixcluster.router.api.native_schemas import Count, SamplingParamsIn, fits_context
+from radixcluster.router.api.native_schemas import Count, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
@@ -380,8 +380,8 @@ class MessagesIn(MessagesChat):
             raise ValueError(f"thinking.budget_tokens ({budget}) must be less than max_tokens ({self.max_tokens})")
         return self
 
-    def sampling(self) -> SamplingParamsIn:
-        return self._sampling(self.max_tokens)
+    def output_limit(self) -> int | None:
+        return self.max_tokens
 
     def protocol_sampling(self) -> SamplingParams:
         """``max_tokens`` as a default: Anthropic's clients ask for their models' whole output

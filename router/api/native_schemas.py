@@ -13,6 +13,7 @@ import regex
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
+from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn, prompt_tokens
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -134,7 +135,7 @@ def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
         return data  # the common case, found without a pass over ``unsupported``
     for name, why in unsupported.items():
         if not _is_default(data.get(name)):
-            raise ValueError(f"{name} is not supported by this server: {why}")
+            raise FieldError(name, f"{name} is not supported by this server: {why}")
     return {key: value for key, value in data.items() if key not in unsupported}
 
 
@@ -212,9 +213,11 @@ class SamplingParamsIn(BaseModel):
     def _consistent(self) -> SamplingParamsIn:
         grammars = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
         if len(grammars) > 1:
-            raise ValueError(f"at most one of regex, json_schema and ebnf may be set, got {' and '.join(grammars)}")
+            raise FieldError(
+                grammars[1], f"at most one of regex, json_schema and ebnf may be set, got {' and '.join(grammars)}"
+            )
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
-            raise ValueError("min_new_tokens must not exceed max_new_tokens")
+            raise FieldError("min_new_tokens", "min_new_tokens must not exceed max_new_tokens")
         return self
 
     def to_protocol(self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> SamplingParams:
@@ -318,18 +321,20 @@ class GenerateIn(BaseModel):
             self.gateway_tokens.check_count(len(prompts))
         if isinstance(self.sampling_params, list):
             if not self.is_batch:
-                raise ValueError("sampling_params may be a list only for a batch of prompts")
+                raise FieldError("sampling_params", "sampling_params may be a list only for a batch of prompts")
             if len(self.sampling_params) != len(prompts):
-                raise ValueError(f"{len(self.sampling_params)} sampling_params for {len(prompts)} prompts")
+                raise FieldError(
+                    "sampling_params", f"{len(self.sampling_params)} sampling_params for {len(prompts)} prompts"
+                )
         if isinstance(self.rid, list):
             if not self.is_batch or len(self.rid) != len(prompts):
-                raise ValueError("rid may be a list only for a batch, with one id per prompt")
+                raise FieldError("rid", "rid may be a list only for a batch, with one id per prompt")
             if len(set(self.rid)) != len(self.rid):
-                raise ValueError("the rids of a batch must be distinct")
+                raise FieldError("rid", "the rids of a batch must be distinct")
         for name in _PER_PROMPT:
             value = getattr(self, name)
             if isinstance(value, list) and (not self.is_batch or len(value) != len(prompts)):
-                raise ValueError(f"{name} may be a list only for a batch, with one value per prompt")
+                raise FieldError(name, f"{name} may be a list only for a batch, with one value per prompt")
         check_generations(len(prompts), sum(self.params_for(i).n for i in range(len(prompts))))
         return self
 

@@ -10,6 +10,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from radixcluster.protocol import INT32_MAX, PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
+from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn
 from radixcluster.router.api.native_schemas import (
     MAX_GRAMMAR_CHARS,
@@ -112,7 +113,7 @@ class ResponseFormat(BaseModel):
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs a json_schema")
+            raise FieldError("json_schema", "response_format of type json_schema needs a json_schema")
         return self
 
     def grammar(self) -> str | None:
@@ -218,13 +219,18 @@ class OpenAIRequest(BaseModel):
         data = {k: v for k, v in data.items() if v is not None}
         guided = {_GUIDED[k]: data.pop(k) for k in list(data) if k in _GUIDED}
         if guided and "structured_outputs" in data:
-            raise ValueError("give a constraint as structured_outputs or as vLLM's older guided_* fields, not both")
+            raise FieldError(
+                "structured_outputs",
+                "give a constraint as structured_outputs or as vLLM's older guided_* fields, not both",
+            )
         return {**data, "structured_outputs": guided} if guided else data
 
     @model_validator(mode="after")
     def _stream_options_with_a_stream(self) -> OpenAIRequest:
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream: true")  # as OpenAI and vLLM answer it
+            raise FieldError(
+                "stream_options", "stream_options is only allowed with stream: true"
+            )  # as OpenAI and vLLM answer it
         return self
 
     @property
@@ -236,9 +242,21 @@ class OpenAIRequest(BaseModel):
         """Every chunk carries its choice's counts so far (vLLM's, with include_usage only)."""
         return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
+    def output_limit(self) -> int | None:
+        """The most tokens the client asked for, in its endpoint's field (None: left out, or a
+        call that generates nothing, such as count_tokens)."""
+        return None
+
+    @model_validator(mode="after")
+    def _min_within_the_limit(self) -> OpenAIRequest:
+        limit = self.output_limit()
+        if limit is not None and self.min_tokens > limit:
+            raise FieldError("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed the output limit ({limit})")
+        return self
+
     def sampling(self) -> SamplingParamsIn:
-        """The request's sampling parameters in SGLang's terms (each endpoint has its own)."""
-        raise NotImplementedError
+        """The request's sampling parameters in SGLang's terms."""
+        return self._sampling(self.output_limit())
 
     def protocol_sampling(self) -> SamplingParams:
         """The router's sampling parameters: a limit left out is the endpoint's default, which
@@ -294,14 +312,16 @@ class CompletionIn(OpenAIRequest):
     def _check(self) -> CompletionIn:
         prompts = self.prompts()
         if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompt must not be empty")
+            raise FieldError("prompt", "prompt must not be empty")
         check_generations(len(prompts), len(prompts) * self.n)
         if self.gateway_tokens is not None:
             self.gateway_tokens.check_count(len(prompts))
         if self.echo and self.truncate_prompt_tokens is not None:
-            raise ValueError("echo repeats the prompt as sent: it cannot be combined with truncate_prompt_tokens")
+            raise FieldError(
+                "echo", "echo repeats the prompt as sent: it cannot be combined with truncate_prompt_tokens"
+            )
         if self.best_of is not None and self.best_of < self.n:
-            raise ValueError(f"best_of must be at least n (got best_of {self.best_of} and n {self.n})")
+            raise FieldError("best_of", f"best_of must be at least n (got best_of {self.best_of} and n {self.n})")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -310,8 +330,8 @@ class CompletionIn(OpenAIRequest):
         texts = [p for p in self.prompt if isinstance(p, str)]
         return [*texts] if texts else [*id_prompts([p for p in self.prompt if not isinstance(p, str)])]
 
-    def sampling(self) -> SamplingParamsIn:
-        return self._sampling(self.max_tokens)
+    def output_limit(self) -> int | None:
+        return self.max_tokens
 
     @property
     def prompt_logprobs(self) -> bool:
@@ -385,12 +405,14 @@ class ToolsRequest(OpenAIRequest):
     def _check_tools(self) -> ToolsRequest:
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) < len(names):
-            raise ValueError("tools: each function needs a name of its own")
+            raise FieldError("tools", "tools: each function needs a name of its own")
         if self.tool_choice not in (None, "none") and not names:
-            raise ValueError("tool_choice needs tools")
+            raise FieldError("tool_choice", "tool_choice needs tools")
         forced = forced_name(self.tool_choice)
         if forced is not None and forced not in names:
-            raise ValueError(f"tool_choice names the function {forced!r}, which is not among the tools {names}")
+            raise FieldError(
+                "tool_choice", f"tool_choice names the function {forced!r}, which is not among the tools {names}"
+            )
         schema = self.tool_schema()
         if schema is None:
             return self
@@ -403,7 +425,9 @@ class ToolsRequest(OpenAIRequest):
         if answer_format is not None and answer_format.grammar() is not None:
             constraints.append(self.response_format_field)
         if constraints:
-            raise ValueError(f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}")
+            raise FieldError(
+                constraints[0], f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}"
+            )
         return self
 
     def tool_schema(self) -> str | None:
@@ -486,20 +510,22 @@ class ChatCompletionIn(ToolsRequest):
         if self.gateway_tokens is not None:
             self.gateway_tokens.check_count(1)
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")  # as OpenAI answers it
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")  # as OpenAI answers it
         if (
             self.continue_final_message
             and self.add_generation_prompt
             and "add_generation_prompt" in self.model_fields_set
         ):
-            raise ValueError(
+            raise FieldError(
+                "add_generation_prompt",
                 "continue_final_message and add_generation_prompt cannot both be true: the prompt either "
-                "ends inside the last message or opens the assistant's turn"
+                "ends inside the last message or opens the assistant's turn",
             )
         if not self.add_generation_prompt and not self.continue_final_message:
-            raise ValueError(
+            raise FieldError(
+                "add_generation_prompt",
                 "add_generation_prompt false is supported with continue_final_message only (the prompt then "
-                "ends inside the last message); without it the prompt ends with the assistant's turn opened"
+                "ends inside the last message); without it the prompt ends with the assistant's turn opened",
             )
         return self
 
@@ -511,9 +537,8 @@ class ChatCompletionIn(ToolsRequest):
             "chat_template_kwargs": template_kwargs(self.chat_template_kwargs, self.reasoning_effort),
         }
 
-    def sampling(self) -> SamplingParamsIn:
-        limit = next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
-        return self._sampling(limit)
+    def output_limit(self) -> int | None:
+        return next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
 
     def pins(self) -> list[PromptPin]:
         marked = [(i, m.marker()) for i, m in enumerate(self.messages)]

@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
-from radixcluster.router.api.native_schemas import Count, SamplingParamsIn, fits_context
+from radixcluster.router.api.native_schemas import Count, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
     UNSUPPORTED_OPENAI,
@@ -267,8 +267,8 @@ class ResponsesIn(OneAnswerRequest):
         """The tools as the response object lists them (flat)."""
         return [{"type": "function", **t.function.model_dump(exclude_none=True)} for t in self.tools or []]
 
-    def sampling(self) -> SamplingParamsIn:
-        return self._sampling(self.max_output_tokens)
+    def output_limit(self) -> int | None:
+        return self.max_output_tokens
 
 
 def _chat_tool(tool: Any) -> Any:

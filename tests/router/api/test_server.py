@@ -181,6 +181,30 @@ def test_an_error_names_the_field_at_fault_as_openais_param(app):
         )
         not_json = client.post("/generate", content=b"{", headers=auth).json()["error"]
         assert not_json["param"] is None and "invalid JSON" in not_json["message"]
+        # a refusal of how fields go together names the field it blames
+        hi = [{"role": "user", "content": "hi"}]
+        for path, body, param in (
+            ("/v1/completions", {"prompt": "hi", "suffix": "!"}, "suffix"),
+            ("/v1/completions", {"prompt": "hi", "n": 2, "best_of": 1}, "best_of"),
+            ("/v1/completions", {"prompt": "", "max_tokens": 1}, "prompt"),
+            ("/v1/chat/completions", {"messages": hi, "stream_options": {"include_usage": True}}, "stream_options"),
+            ("/v1/chat/completions", {"messages": hi, "top_logprobs": 2}, "top_logprobs"),
+            ("/v1/chat/completions", {"messages": hi, "tool_choice": "required"}, "tool_choice"),
+            (
+                "/v1/chat/completions",
+                {"messages": hi, "response_format": {"type": "json_schema"}},
+                "response_format.json_schema",
+            ),
+            (
+                "/generate",
+                {"text": "hi", "sampling_params": {"min_new_tokens": 5, "max_new_tokens": 2}},
+                "sampling_params.min_new_tokens",
+            ),
+            ("/generate", {"text": "hi", "rid": ["a"]}, "rid"),
+            ("/v1/completions", {"prompt": "hi", "min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ):
+            error = client.post(path, json=body, headers=auth).json()["error"]
+            assert error["param"] == param, (body, error)
 
 
 def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(app, caplog):
