@@ -10,7 +10,7 @@ import sys
 from radixcluster import __version__
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
-from radixcluster.ray_cluster import RayPlacementError
+from radixcluster.ray_cluster import RankStartError, RayPlacementError
 from radixcluster.replica_actor import ReplicaStartError
 from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
 
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             configure_logging(ns.log_level)
             args = server_args_from_namespace(ns)
             check_port_free(args.host, args.port)
+            if args.kv_events_address is not None:
+                check_port_free(*args.events_endpoint(), name="the --kv-events-address port")
             launch(args)
         if ns.command == "gateway":
             from radixcluster.gateway.server import run_gateway
@@ -64,6 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate(ns.prompt, ns.model_path, ns.max_new_tokens, ns.temperature, chat=not ns.raw))
         return 0
-    except (ModelPathError, RayPlacementError, ReplicaStartError, ValueError) as exc:
+    except (ModelPathError, RankStartError, RayPlacementError, ReplicaStartError, ValueError) as exc:
         print(f"radixcluster: error: {exc}", file=sys.stderr)
         return 2

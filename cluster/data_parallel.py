@@ -24,7 +24,7 @@ from radixcluster.process_tree import kill_survivors, runtime_dir, started_proce
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.router.text.chat_template import read_chat_template
-from radixcluster.server_args import ServerArgs, load_tenant_keys, replica_argv
+from radixcluster.server_args import ServerArgs, http_url, load_tenant_keys, local_url, replica_argv
 from radixcluster.stop_flag import StopFlag
 
 logger = logging.getLogger("radixcluster")
@@ -93,7 +93,7 @@ class DataParallelLauncher:
         try:
             urls = self._start()
             if not self.stopping.is_set():  # else a signal came as the gateway came up: on to the stop
-                print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+                print(f"radixcluster ready: {http_url(self.args.host, self.args.port)}", flush=True)
                 print(
                     f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}",
                     file=sys.stderr,
@@ -170,8 +170,7 @@ class DataParallelLauncher:
 
     def _wait_gateway_ready(self, replicas: int) -> None:
         """Until the gateway serves and sees every replica available."""
-        host = "127.0.0.1" if self.args.host in ("0.0.0.0", "::") else self.args.host
-        url = f"http://{host}:{self.args.port}/replicas"
+        url = local_url(self.args.host, self.args.port) + "/replicas"
         headers = {"Authorization": f"Bearer {self.keys.own}"} if self.keys.own else {}
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline and not self.stopping.is_set():

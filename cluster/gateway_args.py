@@ -100,7 +100,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--breaker-cooldown", type=float, default=health.breaker_cooldown_s, help="seconds a replica stays out"
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="warning")
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="warning")
     parser.add_argument(
         "--shutdown-timeout",
         type=float,

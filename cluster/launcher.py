@@ -29,7 +29,7 @@ from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady,
 from radixcluster.ray_cluster import StopRequested
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.router.text.chat_template import read_chat_template
-from radixcluster.server_args import ServerArgs, load_tenant_keys, load_tenant_quotas
+from radixcluster.server_args import ServerArgs, http_url, load_tenant_keys, load_tenant_quotas, local_url
 from radixcluster.stop_flag import StopFlag
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ def _attention_backend(requested: str, device: str) -> tuple[str, str]:
     """The backend the ranks get, and its words for the start-up line. On the CPU the native
     kernels are built here, once, before the ranks load them; ``auto`` falls back to torch
     with one line saying why, an explicit ``native`` refuses to start."""
+    if requested == "triton" and device != "cuda":
+        from radixcluster.kernels.attention_backend import select_attention_backend
+
+        select_attention_backend(device, requested)  # its ValueError, before a rank starts
     if device != "cpu" or requested not in ("auto", "native"):
         return requested, f"attention {requested}"
     from radixcluster.kernels import native
@@ -100,7 +104,7 @@ class Launcher:
         try:
             router, api = self._start()
             if not self.stopping.is_set():  # else a signal came as the api came up: on to the drain
-                print(f"radixcluster ready: http://{self.args.host}:{self.args.port}", flush=True)
+                print(f"radixcluster ready: {http_url(self.args.host, self.args.port)}", flush=True)
             failed = self._supervise(router, api)
             return 1 if failed else 0
         except StopRequested:
@@ -243,7 +247,7 @@ class Launcher:
             page_size=args.page_size,
             context_length=plan.context_length,
             max_running_requests=args.max_running_requests,
-            chunked_prefill_size=args.step_prompt_tokens,
+            chunked_prefill_size=args.step_prompt_tokens(plan.context_length),
             schedule_policy=args.schedule_policy,
             eviction_policy=args.radix_eviction_policy,
             enable_radix_cache=not args.disable_radix_cache,
@@ -271,7 +275,7 @@ class Launcher:
     def _wait_api_ready(self, api: BaseProcess) -> None:
         import httpx
 
-        url = f"http://{'127.0.0.1' if self.args.host in ('0.0.0.0', '::') else self.args.host}:{self.args.port}/health"
+        url = local_url(self.args.host, self.args.port) + "/health"
         while not self.stopping.is_set():
             if not api.is_alive():
                 raise RuntimeError(f"the api process exited (is port {self.args.port} free?)")

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from radixcluster.stop_flag import StopFlag
 logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60
+REACH_TIMEOUT_S = 5  # a --ray-address that takes no TCP connection within this is refused
 KILL_GRACE_S = 2  # a rank Ray was told to kill and that still runs after this gets SIGKILL
 KILL_WAIT_S = 10  # a killed rank's process is gone within this (SIGKILL, reaped by Ray's raylet)
 STOP_POLL_S = 0.5  # how often a wait on Ray looks for a stop request
@@ -25,6 +27,10 @@ STOP_POLL_S = 0.5  # how often a wait on Ray looks for a stop request
 
 class RayPlacementError(RuntimeError):
     """The Ray cluster cannot host this TP group."""
+
+
+class RankStartError(RuntimeError):
+    """A rank raised while it loaded its shard; the message is its error, in one line."""
 
 
 class StopRequested(Exception):
@@ -102,6 +108,7 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | 
     if not address and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
         raise RuntimeError("ray was imported before start_ray: the private instance would listen beyond loopback")
     if address:
+        check_reachable(address)
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
@@ -122,6 +129,19 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | 
             logging_level=logging.ERROR,
             **own,
         )
+
+
+def check_reachable(address: str) -> None:
+    """RayPlacementError when nothing listens at a HOST:PORT ``address``: ray.init retries such
+    an address for ever, deaf to SIGTERM, where this says so in seconds ("auto" and Ray
+    client's ray:// are left to Ray)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayPlacementError(f"--ray-address {address}: no Ray cluster answers there ({exc})") from None
 
 
 def _import_ray_without_failure_handler() -> Any:
@@ -231,10 +251,16 @@ def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> N
 def load_and_serve(workers: RayWorkers, stopping: StopFlag) -> None:
     """Load every rank's shard (concurrently: they rendezvous), then start their serving loops,
     whose object refs go to ``workers.serve_refs`` (one finishing means its rank stopped).
-    Raises what a rank's start raised (a Ray error when its process died), or StopRequested."""
+    Raises RankStartError for what a rank's load raised, a Ray error when its process died, or
+    StopRequested."""
+    import ray
+
     workers.pids = get_or_stop([actor.pid.remote() for actor in workers.actors], stopping)
     [port] = get_or_stop([workers.actors[0].open_rendezvous.remote()], stopping)
-    get_or_stop([actor.load.remote(port) for actor in workers.actors], stopping)
+    try:
+        get_or_stop([actor.load.remote(port) for actor in workers.actors], stopping)
+    except ray.exceptions.RayTaskError as exc:
+        raise RankStartError(f"a TP rank could not load the model: {first_line(exc)}") from None
     workers.serve_refs = [actor.serve.remote() for actor in workers.actors]
 
 
@@ -272,7 +298,11 @@ def dead_rank(workers: RayWorkers) -> str | None:
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception in one line (Ray's carry the remote traceback below)."""
+    """An exception in one line: a rank's (Ray's carry the remote traceback below, after a
+    line naming the call), its own error's first line."""
+    cause = getattr(exc, "cause", None)  # a RayTaskError's: what the rank raised
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {first_line(cause)}"
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

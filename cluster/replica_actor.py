@@ -18,7 +18,7 @@ from typing import IO
 
 import httpx
 
-from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV
+from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, http_url
 
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
@@ -60,7 +60,7 @@ class ReplicaProcess:
         """``node_ip``: the Ray node this actor runs on; ``host``: where the replica listens (its
         HTTP port and its tree events); the keys go to the replica in its environment."""
         self.port = _free_port(host)
-        self.url = f"http://{host}:{self.port}"
+        self.url = http_url(host, self.port)
         self.argv = [
             *_command(),
             "up",

@@ -20,7 +20,7 @@ from radixcluster.model_config import ModelConfig, load_model_config
 from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path, served_model_name
 from radixcluster.process_tree import runtime_dir
 from radixcluster.router.text.tokenizer import load_tokenizer
-from radixcluster.server_args import FP8_KV_CACHE_DTYPES, ServerArgs
+from radixcluster.server_args import DTYPES, FP8_KV_CACHE_DTYPES, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,13 @@ class Plan:
 
 
 def choose_dtype(requested: str, device: str) -> str:
-    """``auto`` is float32 on CPU (exact against the reference) and bfloat16 on GPU."""
-    if requested != "auto":
-        return requested
+    """``auto`` is float32 on CPU (exact against the reference) and bfloat16 on GPU; float16
+    runs on GPU only (the CPU's kernels compute in float32 and bfloat16)."""
+    dtype = DTYPES[requested]
+    if dtype == "float16" and device != "cuda":
+        raise ValueError(f"--dtype {requested} runs on CUDA only; on the CPU use bfloat16 (or float32)")
+    if dtype != "auto":
+        return dtype
     return "bfloat16" if device == "cuda" else "float32"
 
 
@@ -346,8 +350,9 @@ def make_plan(args: ServerArgs) -> Plan:
     check_weight_format(args, path)
     cfg = load_model_config(path)
     tokenizer_path = resolve_tokenizer_path(args.tokenizer_path, path)
-    if tokenizer_path != path:
-        check_tokenizer_fits(tokenizer_path, cfg)
+    # loaded here, the model's own too: a directory without tokenizer.json is one line now, not
+    # the router's traceback once the weights are in
+    check_tokenizer_fits(tokenizer_path, cfg)
     device = resolve_device(args.device)
     if args.gpu_memory_utilization is not None and device != "cuda":
         logger.warning("--gpu-memory-utilization has no effect on CPU: the KV pool takes --mem-fraction-static of RAM")

@@ -56,8 +56,17 @@ MEANINGLESS_FLAGS = {
 # --load-format: the weights' formats read here (vLLM and SGLang name more)
 LOAD_FORMATS = ("auto", "safetensors", "gguf")
 # SGLang's names for the KV cache's dtype; torch's dtype for each fp8 one
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
-FP8_KV_CACHE_DTYPES = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's fp8 is e4m3
+FP8_KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+# --dtype: SGLang's and vLLM's names, each to the one used here
+DTYPES = {
+    "auto": "auto",
+    "float32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+}
 MEANINGLESS_VALUE_FLAGS = {
     "--mem-fraction-dynamic": "the KV pool is sized once, by --mem-fraction-static",
     "--cuda-graph-max-bs": "decode runs without CUDA graphs on this build",
@@ -132,7 +141,6 @@ class ServerArgs:
             "tp_size",
             "dp_size",
             "page_size",
-            "chunked_prefill_size",
             "max_running_requests",
             "max_queued_requests",
             "stream_interval",
@@ -141,6 +149,10 @@ class ServerArgs:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.chunked_prefill_size < 1 and self.chunked_prefill_size != -1:
+            raise ValueError(
+                f"--chunked-prefill-size must be >= 1, or -1 (prompts not chunked), got {self.chunked_prefill_size}"
+            )
         if self.context_length is not None and self.context_length < 1:
             raise ValueError(f"--context-length must be >= 1, got {self.context_length}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.page_size:
@@ -167,10 +179,10 @@ class ServerArgs:
             raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"--attention-backend must be one of {ATTENTION_BACKENDS}")
-        if self.kv_events_address is not None and not self.kv_events_address.startswith("tcp://"):
-            raise ValueError(f"--kv-events-address must be tcp://HOST:PORT, got {self.kv_events_address!r}")
         if self.kv_events_address is not None and self.dp_size > 1:
             raise ValueError("--kv-events-address is for one replica; with --dp-size each replica gets its own")
+        if self.kv_events_address is not None:
+            self.events_endpoint()
         if self.node_ip_address is not None and self.ray_address is None:
             raise ValueError("--node-ip-address names a node of the cluster given by --ray-address")
         if not 0 <= self.max_pinned_fraction <= 1:
@@ -187,11 +199,32 @@ class ServerArgs:
         if self.max_worker_restarts < 0:
             raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
 
-    @property
-    def step_prompt_tokens(self) -> int:
-        """The most prompt tokens one step computes: --chunked-prefill-size, or SGLang's cap on a
-        prefill batch, --max-prefill-tokens, where that is smaller."""
-        return min(self.chunked_prefill_size, self.max_prefill_tokens or self.chunked_prefill_size)
+    def events_endpoint(self) -> tuple[str, int]:
+        """--kv-events-address's host (zmq's ``*``: every address) and port; ValueError unless
+        it is tcp://HOST:PORT."""
+        address = self.kv_events_address or ""
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        if not address.startswith("tcp://") or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"--kv-events-address must be tcp://HOST:PORT, got {address!r}")
+        return ("0.0.0.0" if host == "*" else host.strip("[]")), int(port)
+
+    def step_prompt_tokens(self, context_length: int) -> int:
+        """The most prompt tokens one step computes: --chunked-prefill-size (-1, SGLang's "no
+        chunking": a whole prompt, up to the context length), or SGLang's cap on a prefill batch,
+        --max-prefill-tokens, where that is smaller."""
+        chunk = context_length if self.chunked_prefill_size == -1 else self.chunked_prefill_size
+        return min(chunk, self.max_prefill_tokens or chunk)
+
+
+def http_url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 address in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def local_url(host: str, port: int) -> str:
+    """The URL by which this machine reaches a server listening on ``host`` (a wildcard address:
+    the loopback)."""
+    return http_url("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
 
 
 def check_listen_address(host: str, port: int) -> None:
@@ -208,14 +241,14 @@ def check_listen_address(host: str, port: int) -> None:
         raise ValueError(f"--host {host} is not an address of this machine: {exc.strerror}") from None
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a port another server listens on, at the command's start: the api would fail to
-    bind it only after the model loaded, and its readiness poll would take that server's
-    answers for its own."""
+def check_port_free(host: str, port: int, name: str = "--port") -> None:
+    """Refuse a port another server listens on, at the command's start: the api (or the KV
+    events' publisher) would fail to bind it only after the model loaded, and a readiness poll
+    would take that server's answers for its own."""
     try:
         _bind_probe(host, port)
     except OSError as exc:
-        raise ValueError(f"--port {port} is in use on {host}: {exc.strerror}") from None
+        raise ValueError(f"{name} {port} is in use on {host}: {exc.strerror}") from None
 
 
 def _bind_probe(host: str, port: int) -> None:
@@ -270,7 +303,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens",  # vLLM's token budget of a step, which chunks its prompts
         type=int,
         default=d.chunked_prefill_size,
-        help="most prompt tokens computed in one step; longer prompts are chunked",
+        help="most prompt tokens computed in one step; longer prompts are chunked (-1: never, as SGLang's -1)",
     )
     parser.add_argument(
         "--max-prefill-tokens",
@@ -319,9 +352,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=tuple(DTYPES),
         default=d.dtype,
-        help="auto: float32 on CPU, bfloat16 on GPU",
+        help="auto: float32 on CPU, bfloat16 on GPU; float16 (half) on GPU only",
     )
     parser.add_argument(
         "--kv-cache-dtype",
@@ -402,7 +435,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         default=d.dp_size,
         help="replicas (each its own router and TP group) behind one cache-aware gateway on --port",
     )
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default=d.log_level)
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default=d.log_level)
     parser.add_argument(
         "--decode-log-interval",
         type=int,

@@ -5,8 +5,13 @@ subprocess so that the test process keeps its own handlers and no Ray state."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+
+import pytest
+
+from radixcluster import ray_cluster
 
 START_UNDER_SIGNALS = """
 import os, signal, tempfile, threading, time
@@ -42,3 +47,23 @@ def test_signals_during_and_after_rays_start_reach_the_callers_handler() -> None
     assert int(during) >= 10  # Ray's start takes seconds: dozens of signals, every one recorded
     assert int(after) == 1
     assert flag_left == "False"  # Ray's own processes keep their failure handler
+
+
+def test_a_ray_address_nothing_listens_on_is_refused_at_once() -> None:
+    """ray.init would retry it for ever, deaf to SIGTERM."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        ray_cluster.check_reachable(f"127.0.0.1:{port}")  # something answers: left to Ray
+    with pytest.raises(ray_cluster.RayPlacementError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster"):
+        ray_cluster.check_reachable(f"127.0.0.1:{port}")
+    ray_cluster.check_reachable("auto")
+
+
+def test_a_ranks_load_error_is_said_in_one_line_of_its_own() -> None:
+    import ray.exceptions
+
+    failed = ray.exceptions.RayTaskError(
+        "TPWorker.load", "Traceback (most recent call last):\n  ...", ValueError("bad shard\nmore")
+    )
+    assert ray_cluster.first_line(failed) == "ValueError: bad shard"
+    assert ray_cluster.first_line(RuntimeError("plain\nrest")) == "plain"

@@ -51,6 +51,10 @@ def test_dtype_auto_is_exact_on_cpu_and_fast_on_gpu():
     assert choose_dtype("auto", "cpu") == "float32"
     assert choose_dtype("auto", "cuda") == "bfloat16"
     assert choose_dtype("bfloat16", "cpu") == "bfloat16"
+    assert choose_dtype("half", "cuda") == "float16" and choose_dtype("float", "cpu") == "float32"
+    for half in ("float16", "half"):  # the CPU's kernels compute in float32 and bfloat16
+        with pytest.raises(ValueError, match=f"--dtype {half} runs on CUDA only"):
+            choose_dtype(half, "cpu")
 
 
 def test_weight_bytes_count_every_parameter_of_smollm2(cfg):

@@ -12,11 +12,15 @@ from radixcluster import __version__
 from radixcluster.cli import main
 from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.server_args import (
+    DTYPES,
+    FP8_KV_CACHE_DTYPES,
     ServerArgs,
     add_cli_args,
     check_port_free,
+    http_url,
     load_tenant_keys,
     load_tenant_quotas,
+    local_url,
     replica_argv,
     server_args_from_namespace,
 )
@@ -64,8 +68,8 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
         assert f"{flag} is accepted but has no effect" in notices
     assert "--enable-metrics" not in notices  # it names the default
     assert (args.step_timeout, args.stream_interval, args.random_seed) == (300, 4, 42)
-    assert (args.chunked_prefill_size, args.step_prompt_tokens) == (2048, 512)
-    assert parse("--max-prefill-tokens", "16384").step_prompt_tokens == 2048  # SGLang's default: no cap
+    assert (args.chunked_prefill_size, args.step_prompt_tokens(8192)) == (2048, 512)
+    assert parse("--max-prefill-tokens", "16384").step_prompt_tokens(8192) == 2048  # SGLang's default: no cap
     again = parse(*replica_argv(args, exclude=()))
     assert (again.step_timeout, again.max_prefill_tokens, again.stream_interval, again.random_seed) == (300, 512, 4, 42)
     assert args.tool_call_parser == again.tool_call_parser == "qwen25"
@@ -74,12 +78,24 @@ def test_sglangs_serving_flags_are_accepted_and_those_that_mean_something_act(ca
         parse("--tool-call-parser", "no_such_format")  # argparse names the choices
 
 
+def test_sglangs_and_vllms_spellings_of_values_are_read_as_ours():
+    """-1 chunks no prompt (a step takes up to the context length, or --max-prefill-tokens);
+    half / float are float16 / float32; vLLM's fp8 cache is e4m3; a log level in any case."""
+    assert parse("--chunked-prefill-size", "-1").step_prompt_tokens(8192) == 8192
+    assert parse("--chunked-prefill-size", "-1", "--max-prefill-tokens", "4096").step_prompt_tokens(8192) == 4096
+    with pytest.raises(ValueError, match="-1 \\(prompts not chunked\\)"):
+        parse("--chunked-prefill-size", "0")
+    assert DTYPES[parse("--dtype", "half").dtype] == "float16" and DTYPES[parse("--dtype", "float").dtype] == "float32"
+    assert FP8_KV_CACHE_DTYPES[parse("--kv-cache-dtype", "fp8").kv_cache_dtype] == "float8_e4m3fn"
+    assert parse("--log-level", "INFO").log_level == "info"
+
+
 def test_vllms_names_of_the_same_flags_act_as_ours():
     args = parse(
         *"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 4096".split()
     )
     assert (args.context_length, args.max_running_requests, args.page_size) == (1024, 8, 16)
-    assert (args.random_seed, args.chunked_prefill_size, args.step_prompt_tokens) == (7, 4096, 4096)
+    assert (args.random_seed, args.chunked_prefill_size, args.step_prompt_tokens(8192)) == (7, 4096, 4096)
     assert parse("--enable-log-requests").log_requests and parse("--log-requests").log_requests
     assert not parse().log_requests
 
@@ -302,6 +318,26 @@ def test_a_port_another_server_listens_on_is_refused_before_anything_starts(comm
         assert main([*command, "--port", str(port)]) == 2
     assert f"--port {port} is in use on 127.0.0.1" in capsys.readouterr().err
     check_port_free("127.0.0.1", port)  # free again once closed
+
+
+def test_urls_of_a_listen_address_bracket_ipv6_and_reach_a_wildcard_by_the_loopback():
+    assert http_url("::1", 8000) == "http://[::1]:8000" and http_url("10.0.0.2", 8000) == "http://10.0.0.2:8000"
+    assert local_url("0.0.0.0", 30000) == local_url("::", 30000) == "http://127.0.0.1:30000"
+    assert local_url("::1", 30000) == "http://[::1]:30000"
+
+
+def test_a_kv_events_port_in_use_is_refused_before_anything_starts(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        api_port = free.getsockname()[1]
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        argv = ["up", "--host", "127.0.0.1", "--port", str(api_port), "--kv-events-address", f"tcp://127.0.0.1:{port}"]
+        assert main(argv) == 2
+    assert f"the --kv-events-address port {port} is in use on 127.0.0.1" in capsys.readouterr().err
+    for bad in ("tcp://127.0.0.1", "tcp://:5557", "tcp://host:x", "tcp://h:70000"):
+        with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+            parse("--kv-events-address", bad)
+    assert parse("--kv-events-address", "tcp://*:5557").events_endpoint() == ("0.0.0.0", 5557)
 
 
 def test_sglangs_compact_json_flag_reaches_every_replica():
