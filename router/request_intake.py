@@ -93,6 +93,8 @@ class RequestIntake:
         """The memo's ids first (the gateway in front has no memo), then the gateway's ids if
         its tokenizer is this one, else the tokenizer's."""
         known = self.memo.longest_prefix(text)
+        if known is not None and not self.tokenizer.splits_at(text, len(known[0])):
+            known = None  # the text goes on inside its last piece ("mountain" + "s"): encoded whole
         if known is None and given is not None and given.tokenizer == self.tokenizer.fingerprint:
             return given.ids.astype(np.int64)
         if known is None:

@@ -15,6 +15,10 @@ from radixcluster.router.text.chat_template import render_chat_template
 from radixcluster.router.text.gguf_tokenizer import load_gguf_tokenizer
 from radixcluster.router.text.piece_encoder import PieceEncoder
 
+# characters on each side of an offset that splits_at pre-tokenizes: a piece (a word, a number's
+# digit, a run of spaces or punctuation) is decided by its neighbours
+SPLIT_WINDOW = 64
+
 
 @dataclass(slots=True)
 class Tokenizer:
@@ -32,6 +36,7 @@ class Tokenizer:
     add_bos_token: bool
     template_tokens: dict[str, str | None]
     special_ids: frozenset[int]
+    added_texts: tuple[str, ...]  # what the added tokens spell (the encoder cuts the text at each)
     # names what turns a text or a chat into ids: two tokenizers with one fingerprint give the
     # same ids, so a gateway's ids can stand in for a replica's own
     fingerprint: str
@@ -58,6 +63,20 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             return [self.bos_token_id, *ids]
         return ids
+
+    def splits_at(self, text: str, offset: int) -> bool:
+        """Whether encoding ``text`` gives the ids of ``text[:offset]`` and then those of the
+        rest: an added token starts there, or the pre-tokenizer cuts the text there (its pieces
+        are encoded apart; looked at in a window around ``offset``, as its rules are local).
+        Without a pre-tokenizer, only an added token is known to cut."""
+        if offset <= 0 or offset >= len(text) or text.startswith(self.added_texts, offset):
+            return True
+        pre = self.backend.pre_tokenizer
+        if pre is None:
+            return False
+        start = max(0, offset - SPLIT_WINDOW)
+        pieces = pre.pre_tokenize_str(text[start : offset + SPLIT_WINDOW])
+        return any(begin == offset - start for _, (begin, _) in pieces)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``, as the fast tokenizers SGLang and vLLM decode with: no spaces put
@@ -138,6 +157,7 @@ def _assemble(
         add_bos_token=add_bos_token,
         template_tokens=template_tokens,
         special_ids=frozenset(i for i, token in added.items() if token.special),
+        added_texts=tuple(token.content for token in added.values() if token.content),
         fingerprint=fingerprint,
         pieces=PieceEncoder.for_backend(backend),
     )

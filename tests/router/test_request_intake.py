@@ -162,3 +162,22 @@ def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_
     for ids_ in (ids, ids[:40]):
         with pytest.raises(RequestRejected):
             strict.make_request(dataclasses.replace(request, input_ids=ids_))
+
+
+def test_the_memos_ids_are_used_only_where_the_encoder_cuts_the_text_too(model_path) -> None:
+    """A prompt that extends a remembered prompt + answer reuses its ids up to there, unless the
+    text goes on inside the last piece: "mountain" + "s" is encoded whole, as with no memo."""
+    tokenizer = load_tokenizer(model_path)
+    intake = RequestIntake(tokenizer, VOCAB, context_length=8192, pool_tokens=100_000)
+    remembered = "Once upon a time there was a small town between two mountain"
+    generated = tokenizer.encode(remembered[:-4]) + tokenizer.encode("tain", add_special_tokens=False)
+    intake.memo.remember(remembered, generated)
+
+    def ids(text: str) -> list[int]:
+        request, _ = intake.make_request(GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=1), text=text))
+        return request.prompt_ids.tolist()
+
+    assert ids(remembered + " and a river") == generated + tokenizer.encode(" and a river", add_special_tokens=False)
+    assert ids(remembered + "s and a river") == tokenizer.encode(remembered + "s and a river")
+    assert ids(remembered + "<|im_end|>") == generated + tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    assert tokenizer.splits_at("a.<|im_end|>", 2) and not tokenizer.splits_at("mountains", 8)
