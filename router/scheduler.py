@@ -162,6 +162,10 @@ class Scheduler:
         loop turn)."""
         self.cache.pins.expire(time.monotonic())
         batch = self._schedule_prefill() or self._schedule_decode()
+        # nothing runs, so the pins hold what the queue's head needs (it fits the pool, or intake
+        # would have refused it)
+        while batch is None and (self.waiting or self.prefilling) and not self.running and self._release_a_pin():
+            batch = self._schedule_prefill() or self._schedule_decode()
         if batch is None and self.is_idle() and not self._idle_checked:
             self._idle_checked = True  # once per idle spell, even when it raises
             # counters only: the full check walks the tree in Python (84 ms at 32k nodes), in
@@ -272,9 +276,20 @@ class Scheduler:
         forward = build_forward(self._step_id, reqs, pos, [1] * len(reqs), ids, pos)
         return ScheduledBatch(forward, reqs, is_prefill=False)
 
+    def _release_a_pin(self) -> bool:
+        """Pins give way to a request that cannot run beside them, the one due first first;
+        False when none is left."""
+        pin = self.cache.pins.release_soonest()
+        if pin is not None:
+            logger.warning("a pin of %d tokens was released: a request could not run beside it", pin.tokens)
+        return pin is not None
+
     def _retract_youngest(self) -> None:
-        """Give a running request's private pages back; its tokens go to the queue front."""
+        """Give a running request's private pages back; its tokens go to the queue front. The
+        last one left keeps running: pins give way to it."""
         candidates = self.running + self.prefilling
+        if len(candidates) == 1 and self._release_a_pin():
+            return
         if len(candidates) == 1:
             raise RuntimeError("the KV pool cannot hold a single request (add_request should have refused it)")
         victim = max(candidates, key=lambda r: r.admit_seq)

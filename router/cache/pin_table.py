@@ -94,6 +94,16 @@ class PinTable:
         self._next_expiry = min((p.expires_at for p in self._pins.values()), default=math.inf)
         return len(due)
 
+    def release_soonest(self) -> Pin | None:
+        """Release the pin whose TTL ends first (None when there is none)."""
+        if not self._pins:
+            return None
+        key = min(self._pins, key=lambda k: self._pins[k].expires_at)
+        pin = self._pins.pop(key)
+        self.tree.unlock(pin.node)
+        self._next_expiry = min((p.expires_at for p in self._pins.values()), default=math.inf)
+        return pin
+
     def clear(self) -> None:
         for pin in self._pins.values():
             self.tree.unlock(pin.node)

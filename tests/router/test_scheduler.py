@@ -665,6 +665,31 @@ def test_a_request_pins_its_prompt_once_computed_and_a_refused_pin_costs_it_noth
     assert s.tree.match_prefix(shared).length == 40
 
 
+@pytest.mark.parametrize("chunk", [16, 512])
+@pytest.mark.parametrize("prompt_len, max_new", [(330, 10), (300, 40)], ids=["prompt", "output"])
+def test_pins_give_way_to_a_request_that_cannot_run_beside_them(
+    caplog, chunk: int, prompt_len: int, max_new: int
+) -> None:
+    """It fits the pool but not what the pins leave, in its prompt or once it decodes: the pin
+    due first is released, and it runs (before, the queue waited for ever behind it, or the
+    scheduler raised)."""
+    s, ex = make(num_pages=100, page_size=4, chunk=chunk, max_pinned_fraction=0.5)
+    early, late = rand(40, 1), rand(40, 2)
+    for prompt, ttl in ((early, 30.0), (late, 60.0)):
+        pinned = req(f"pin{ttl}", prompt, max_new=1)
+        pinned.pins = [(prompt, ttl)]
+        s.add_request(pinned)
+        run(s, ex)
+    assert s.cache.pins.pinned_tokens() == 80
+    big, small = req("big", rand(prompt_len, 3), max_new=max_new), req("small", rand(10, 4), max_new=4)
+    s.add_request(big)
+    s.add_request(small)
+    run(s, ex)
+    check_outputs([big, small])
+    assert "a pin of 40 tokens was released: a request could not run beside it" in caplog.text
+    assert s.tree.match_prefix(late).length == 40 and len(s.cache.pins) == 1  # the later pin was enough
+
+
 def test_the_pool_check_names_a_lost_page_and_a_page_with_two_owners() -> None:
     s, ex = make(num_pages=64)
     first, second = req("a", rand(12, 1), max_new=6), req("b", rand(12, 2), max_new=6)
