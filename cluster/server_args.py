@@ -200,11 +200,11 @@ class ServerArgs:
             raise ValueError(f"--max-worker-restarts must be >= 0, got {self.max_worker_restarts}")
 
     def events_endpoint(self) -> tuple[str, int]:
-        """--kv-events-address's host (zmq's ``*``: every address) and port; ValueError unless
-        it is tcp://HOST:PORT."""
+        """--kv-events-address's host (zmq's ``*``: every address) and port (0: any free one);
+        ValueError unless it is tcp://HOST:PORT."""
         address = self.kv_events_address or ""
         host, _, port = address.removeprefix("tcp://").rpartition(":")
-        if not address.startswith("tcp://") or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not address.startswith("tcp://") or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"--kv-events-address must be tcp://HOST:PORT, got {address!r}")
         return ("0.0.0.0" if host == "*" else host.strip("[]")), int(port)
 

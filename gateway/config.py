@@ -3,9 +3,10 @@ tunables of its choice between them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from radixcluster.router.api.context import DEFAULT_SHUTDOWN_TIMEOUT_S, MAX_WAIT_S
 
@@ -26,6 +27,9 @@ def replica_url_problem(url: str) -> str | None:
         return "the URL names no host"
     if port == 0:
         return "the URL's port must be in 1-65535"
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        # the gateway calls <url>/load, <url>/generate...: an OpenAI base URL's /v1 would never answer
+        return f"give the replica's base URL, without a path ({urlunsplit(parts._replace(path='', query='', fragment=''))})"
     return None
 
 
@@ -43,8 +47,8 @@ class RoutingTunables:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.load_weight < 0:
-            raise ValueError(f"--load-weight must be >= 0, got {self.load_weight}")
+        if not 0 <= self.load_weight < math.inf:  # nan too: every score would tie
+            raise ValueError(f"--load-weight must be a finite number >= 0, got {self.load_weight}")
         if not 0 <= self.min_overlap <= 1:
             raise ValueError(f"--min-overlap must be in [0, 1], got {self.min_overlap}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from radixcluster.bench import workloads as wl
@@ -50,9 +51,12 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=512, help="random: prompt tokens")
     parser.add_argument("--output-len", type=int, default=32, help="new tokens per request (greedy, ignore_eos)")
     parser.add_argument(
-        "--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second; inf: all at once"
+        "--request-rate",
+        type=_above_zero(float),
+        default=float("inf"),
+        help="Poisson arrivals per second; inf: all at once",
     )
-    parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    parser.add_argument("--max-concurrency", type=_above_zero(int), default=None, help="most requests in flight")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
     parser.add_argument(
@@ -90,6 +94,19 @@ def build_workload(ns: argparse.Namespace, tokenizer: Tokenizer) -> wl.Workload:
 
 def load_bench_tokenizer(model_path: str | None) -> Tokenizer:
     return load_tokenizer(resolve_model_path(model_path))
+
+
+def _above_zero(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: ``kind`` of the text, refused unless above 0."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
 
 
 def run_bench(ns: argparse.Namespace, tokenizer: Tokenizer | None = None) -> dict[str, Any]:

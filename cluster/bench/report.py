@@ -143,11 +143,18 @@ def write_json(result: dict[str, Any] | list[dict[str, Any]], path: str | Path) 
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Results from JSON files, each holding one result or a list of them."""
+    """Results from JSON files, each holding one result or a list of them; ValueError naming a
+    file that cannot be read or holds no results of `radixcluster bench --output-json`."""
     results: list[dict[str, Any]] = []
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        results += data if isinstance(data, list) else [data]
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read bench results: {exc}") from None
+        found = data if isinstance(data, list) else [data]
+        if not all(isinstance(r, dict) and {"summary", "config"} <= r.keys() for r in found):
+            raise ValueError(f"{path}: not results of `radixcluster bench --output-json`")
+        results += found
     return results
 
 

@@ -75,6 +75,9 @@ def test_the_replicas_admin_and_tenants_keys_reach_the_config(tmp_path: Path, mo
         (("--replica=http://",), "no host"),
         (("--replica=http://a:99999",), "not a URL"),
         (("--replica=http://a:0",), "1-65535"),
+        (("--replica=http://a:1/v1",), "without a path \\(http://a:1\\)"),  # an OpenAI base URL
+        (("--replica=http://a:1", "--load-weight=nan"), "--load-weight must be a finite number"),
+        (("--replica=http://a:1", "--load-weight=inf"), "--load-weight must be a finite number"),
         (("--discover=replicas.serving.svc",), "HOST:PORT"),
         (("--replica=http://a:1", "--min-overlap=2"), "--min-overlap"),
         (("--replica=http://a:1", "--health-interval=0"), "--health-interval"),

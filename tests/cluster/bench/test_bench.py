@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from radixcluster.bench.workloads import ideal_cached_tokens, multi_tenant, shared_prefix
+from radixcluster.cli import main
 from radixcluster.router.text.tokenizer import load_tokenizer
 from support.servers import ServerHandle, radixcluster_command
 
@@ -119,3 +120,16 @@ def test_bench_shared_prefix_against_a_real_server(server: ServerHandle, tmp_pat
     )
     assert run.returncode == 0, run.stderr
     assert replot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bad_bench_input_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    """No traceback: a rate or concurrency of 0, results that are missing or are not results."""
+    for flag in ("--request-rate", "--max-concurrency"):
+        with pytest.raises(SystemExit):
+            main(["bench", flag, "0"])
+        assert "must be above 0, got 0" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text('{"summary_of": 1}')
+    for path, words in ((tmp_path / "missing.json", "cannot read bench results"), (other, "not results of")):
+        assert main(["bench", "plot", str(path), "-o", str(tmp_path / "x.png")]) == 2
+        assert f"{path}: {words}" in capsys.readouterr().err
