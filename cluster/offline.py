@@ -15,12 +15,10 @@ OFFLINE_PAGES = 8192  # one prompt plus its answer, with room to spare
 
 
 def generate(prompt: str, model_path: str | None, max_new_tokens: int, temperature: float, chat: bool = True) -> str:
-    """The completion of one prompt (chat-templated unless ``chat`` is False)."""
+    """The completion of one prompt (chat-templated unless ``chat`` is False); ValueError for a
+    request the router refuses, before the weights load."""
     path = resolve_model_path(model_path)
     context = load_model_config(path).max_position_embeddings
-    runner = ModelRunner(
-        RunnerConfig(model_path=path, num_pages=OFFLINE_PAGES, page_size=1, max_slots=1, max_context_len=context)
-    )
     router = Router(
         RouterConfig(
             model_path=path,
@@ -46,15 +44,24 @@ def generate(prompt: str, model_path: str | None, max_new_tokens: int, temperatu
         text=None if chat else prompt,
     )
 
+    outputs = [out for out in router.submit(request) if isinstance(out, RequestOutput)]
+    _raise_errors(outputs)
+    runner = ModelRunner(
+        RunnerConfig(model_path=path, num_pages=OFFLINE_PAGES, page_size=1, max_slots=1, max_context_len=context)
+    )
+
     def execute(batch: ForwardBatch) -> StepResult:
         result = runner.step(batch)
         assert result is not None, "a single rank is rank 0: it samples"
         return result
 
-    outputs = [out for out in router.submit(request) if isinstance(out, RequestOutput)]
     while not any(out.finished for out in outputs):
         outputs += router.step(execute)
+    _raise_errors(outputs)
+    return "".join(out.text for out in outputs)
+
+
+def _raise_errors(outputs: list[RequestOutput]) -> None:
     errors = [out.error for out in outputs if out.error]
     if errors:
         raise ValueError(errors[0])
-    return "".join(out.text for out in outputs)
