@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
@@ -77,7 +78,13 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(cache_routes(ctx))
     # inside the auth: a body is read only for a caller with a key
     app.add_middleware(Invocations, max_body_bytes=config.max_body_bytes)
-    app.add_middleware(VertexPredict, max_body_bytes=config.max_body_bytes, route=predict_route())
+    route = predict_route()
+    own = {"type": "http", "path": route, "method": "POST", "root_path": ""}
+    if any(r.matches(own)[0] is not Match.NONE for r in app.routes):
+        # as in SGLang, whose own route, registered first, wins
+        logger.warning("$AIP_PREDICT_ROUTE is %s, a route of this server's own: it serves that, not predictions", route)
+    else:
+        app.add_middleware(VertexPredict, max_body_bytes=config.max_body_bytes, route=route)
     if config.api_key or config.tenant_keys:
         app.add_middleware(
             BearerAuth,

@@ -239,3 +239,22 @@ def test_a_client_that_leaves_while_sending_its_body_is_not_an_error(app, caplog
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     counted = app.state.ctx.metrics.rejected_requests.collect()
     assert sum(s.value for family in counted for s in family.samples if s.name.endswith("_total")) == 0
+
+
+def test_a_predict_route_that_is_one_of_ours_leaves_it_ours(tmp_path: Path, monkeypatch, caplog) -> None:
+    """AIP_PREDICT_ROUTE=/generate: /generate stays the native call (as in SGLang, whose own route
+    wins); it answered every request with [] as an empty prediction."""
+    monkeypatch.setenv("AIP_PREDICT_ROUTE", "/generate")
+    config = ApiConfig(
+        host="127.0.0.1",
+        port=0,
+        request_address=f"ipc://{tmp_path}/in",
+        output_address=f"ipc://{tmp_path}/out",
+        api_key=None,
+        served_model_name="m",
+    )
+    with TestClient(create_app(config)) as client:
+        wrong = {"text": "hi", "sampling_params": {"temperature": -1}}
+        error = client.post("/generate", json=wrong).json()["error"]
+        assert error["param"] == "sampling_params.temperature"
+    assert "$AIP_PREDICT_ROUTE is /generate, a route of this server's own" in caplog.text
