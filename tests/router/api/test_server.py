@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,17 +16,22 @@ from radixcluster.router.api.context import ApiConfig
 from radixcluster.router.api.server import create_app
 
 
-@pytest.fixture()
-def app(tmp_path: Path):
-    config = ApiConfig(
+def config_in(tmp_path: Path, api_key: str | None = None, **fields: Any) -> ApiConfig:
+    """An api's config whose router sockets live in ``tmp_path`` (nothing answers on them)."""
+    return ApiConfig(
         host="127.0.0.1",
         port=0,
         request_address=f"ipc://{tmp_path}/in",
         output_address=f"ipc://{tmp_path}/out",
-        api_key="k",
+        api_key=api_key,
         served_model_name="m",
+        **fields,
     )
-    app = create_app(config)
+
+
+@pytest.fixture()
+def app(tmp_path: Path):
+    app = create_app(config_in(tmp_path, api_key="k"))
 
     @app.get("/broken")
     async def broken() -> None:
@@ -95,16 +101,7 @@ def test_a_full_queue_answer_carries_retry_after(app):
 
 @pytest.fixture()
 def admin_app(tmp_path: Path):
-    config = ApiConfig(
-        host="127.0.0.1",
-        port=0,
-        request_address=f"ipc://{tmp_path}/in",
-        output_address=f"ipc://{tmp_path}/out",
-        api_key="k",
-        admin_api_key="boss",
-        served_model_name="m",
-    )
-    return create_app(config)
+    return create_app(config_in(tmp_path, api_key="k", admin_api_key="boss"))
 
 
 def test_the_cache_page_files_are_served_without_a_key(app):
@@ -154,15 +151,7 @@ def test_the_cache_control_calls_need_the_admin_key_which_also_opens_the_rest(ad
 
 
 def test_tenant_keys_are_accepted_beside_the_api_key(tmp_path: Path):
-    config = ApiConfig(
-        host="127.0.0.1",
-        port=0,
-        request_address=f"ipc://{tmp_path}/in",
-        output_address=f"ipc://{tmp_path}/out",
-        api_key=None,
-        tenant_keys={"ka": "alpha"},
-        served_model_name="m",
-    )
+    config = config_in(tmp_path, tenant_keys={"ka": "alpha"})
     with TestClient(create_app(config)) as client:
         assert client.get("/v1/models", headers={"Authorization": "Bearer ka"}).status_code == 200
         assert client.get("/v1/models", headers={"Authorization": "Bearer kb"}).status_code == 401
@@ -245,15 +234,7 @@ def test_a_predict_route_that_is_one_of_ours_leaves_it_ours(tmp_path: Path, monk
     """AIP_PREDICT_ROUTE=/generate: /generate stays the native call (as in SGLang, whose own route
     wins); it answered every request with [] as an empty prediction."""
     monkeypatch.setenv("AIP_PREDICT_ROUTE", "/generate")
-    config = ApiConfig(
-        host="127.0.0.1",
-        port=0,
-        request_address=f"ipc://{tmp_path}/in",
-        output_address=f"ipc://{tmp_path}/out",
-        api_key=None,
-        served_model_name="m",
-    )
-    with TestClient(create_app(config)) as client:
+    with TestClient(create_app(config_in(tmp_path))) as client:
         wrong = {"text": "hi", "sampling_params": {"temperature": -1}}
         error = client.post("/generate", json=wrong).json()["error"]
         assert error["param"] == "sampling_params.temperature"
