@@ -184,7 +184,9 @@ class OutputStreams:
         if self.tokenizer.decode(ids) != stream.text:
             return
         self.memo.remember(
-            stream.prompt_text + stream.text, np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)])
+            stream.prompt_text + stream.text,
+            np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)]),
+            req.cache_salt,
         )
 
 

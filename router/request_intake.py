@@ -45,7 +45,7 @@ class RequestIntake:
         self.max_text_chars = context_length * tokenizer.longest_token_chars()
         self.memo = PromptMemo()
         # the text encoded last and its ids: the n samples of one prompt arrive one after another
-        self._last: tuple[str, bool, np.ndarray] | None = None
+        self._last: tuple[str | None, str, bool, np.ndarray] | None = None  # salt, text, add_special, ids
 
     def check_text(self, text: str, what: str = "the prompt") -> None:
         """RequestRejected when ``text`` is longer than any prompt can be."""
@@ -83,16 +83,18 @@ class RequestIntake:
         except ValueError as exc:
             raise RequestRejected(f"invalid chat messages: {exc}") from exc
         self.check_text(text)
-        if self._last is not None and self._last[1] == add_special and self._last[0] == text:
-            return text, self._last[2]
-        ids = self._encode(text, add_special, msg.tokens)
-        self._last = (text, add_special, ids)
+        salt = _salt(msg)
+        if self._last is not None and self._last[:3] == (salt, text, add_special):
+            return text, self._last[3]
+        ids = self._encode(text, add_special, msg.tokens, salt)
+        self._last = (salt, text, add_special, ids)
         return text, ids
 
-    def _encode(self, text: str, add_special: bool, given: PromptTokens | None) -> np.ndarray:
-        """The memo's ids first (the gateway in front has no memo), then the gateway's ids if
-        its tokenizer is this one, else the tokenizer's."""
-        known = self.memo.longest_prefix(text)
+    def _encode(self, text: str, add_special: bool, given: PromptTokens | None, salt: str | None) -> np.ndarray:
+        """The memo's ids first (those remembered under the request's salt; the gateway in
+        front has no memo), then the gateway's ids if its tokenizer is this one, else the
+        tokenizer's."""
+        known = self.memo.longest_prefix(text, salt)
         if known is not None and not self.tokenizer.splits_at(text, len(known[0])):
             known = None  # the text goes on inside its last piece ("mountain" + "s"): encoded whole
         if known is None and given is not None and given.tokenizer == self.tokenizer.fingerprint:
@@ -128,10 +130,7 @@ class RequestIntake:
             if 0 < room < sampling.max_new_tokens:
                 sampling = dataclasses.replace(sampling, max_new_tokens=room)
         self._check_fits(int(ids.size), sampling.max_new_tokens)
-        try:
-            salt = tenant_salt(msg.tenant, msg.cache_salt)
-        except ForgedSalt as exc:
-            raise RequestRejected(str(exc)) from None
+        salt = _salt(msg)
         if sampling.stop_token_ids:
             self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
         if sampling.logit_bias:
@@ -188,7 +187,7 @@ class RequestIntake:
         text = self.tokenizer.apply_chat_template(
             msg.messages[: pin.messages], False, msg.tools, template_kwargs=msg.chat_template_kwargs
         )
-        return self._encode(text, False, None).astype(np.int32)
+        return self._encode(text, False, None, _salt(msg)).astype(np.int32)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         total = prompt_len + max_new_tokens
@@ -205,6 +204,14 @@ class RequestIntake:
             raise RequestRejected(
                 f"{what} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
             )
+
+
+def _salt(msg: GenerateRequest) -> str | None:
+    """The salt its prompt's cache (and the memo's texts) live under: its tenant's and its own."""
+    try:
+        return tenant_salt(msg.tenant, msg.cache_salt)
+    except ForgedSalt as exc:
+        raise RequestRejected(str(exc)) from None
 
 
 def _token_ids(values: Sequence[int], what: str) -> np.ndarray:

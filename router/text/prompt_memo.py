@@ -1,7 +1,9 @@
 """Token ids of texts the router produced whole, so that a prompt which extends an earlier
 request's prompt + answer (the next turn of a chat, the next call of a program) reuses the ids
 the model actually generated. Re-encoding generated text can tokenize it differently (sampled
-text, partial characters), and then the radix tree, which matches ids, would miss."""
+text, partial characters), and then the radix tree, which matches ids, would miss. Texts are
+remembered under their requests' cache salt: one namespace's answers never change how another's
+prompts are tokenized."""
 
 from __future__ import annotations
 
@@ -18,31 +20,29 @@ class PromptMemo:
     """An LRU map from text to its token ids, queried for the longest remembered prefix."""
 
     capacity: int = 1024
-    _ids: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
-    _by_head: dict[str, set[str]] = field(default_factory=dict)
+    _ids: OrderedDict[tuple[str, str], np.ndarray] = field(default_factory=OrderedDict)  # (salt, text)
+    _by_head: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (salt, head): texts
 
-    def remember(self, text: str, ids: np.ndarray) -> None:
+    def remember(self, text: str, ids: np.ndarray, salt: str | None = None) -> None:
         """``ids`` tokenize ``text`` exactly (the caller checked that they decode to it)."""
-        if text in self._ids:
-            self._ids.move_to_end(text)
+        key = (salt or "", text)
+        if key in self._ids:
+            self._ids.move_to_end(key)
             return
-        self._ids[text] = np.array(ids, dtype=np.int32)
-        self._by_head.setdefault(text[:HEAD_CHARS], set()).add(text)
+        self._ids[key] = np.array(ids, dtype=np.int32)
+        self._by_head.setdefault((key[0], text[:HEAD_CHARS]), set()).add(text)
         if len(self._ids) > self.capacity:
-            old, _ = self._ids.popitem(last=False)
-            bucket = self._by_head[old[:HEAD_CHARS]]
-            bucket.discard(old)
-            if not bucket:
-                del self._by_head[old[:HEAD_CHARS]]
+            (old_salt, old), _ = self._ids.popitem(last=False)
+            head = (old_salt, old[:HEAD_CHARS])
+            self._by_head[head].discard(old)
+            if not self._by_head[head]:
+                del self._by_head[head]
 
-    def longest_prefix(self, text: str) -> tuple[str, np.ndarray] | None:
-        """The longest remembered text that ``text`` starts with, and its ids (or None)."""
-        best = max(
-            (t for t in self._by_head.get(text[:HEAD_CHARS], ()) if len(t) <= len(text) and text.startswith(t)),
-            key=len,
-            default=None,
-        )
+    def longest_prefix(self, text: str, salt: str | None = None) -> tuple[str, np.ndarray] | None:
+        """The longest text remembered under ``salt`` that ``text`` starts with, and its ids (or None)."""
+        bucket = self._by_head.get((salt or "", text[:HEAD_CHARS]), ())
+        best = max((t for t in bucket if len(t) <= len(text) and text.startswith(t)), key=len, default=None)
         if best is None:
             return None
-        self._ids.move_to_end(best)
-        return best, self._ids[best]
+        self._ids.move_to_end((salt or "", best))
+        return best, self._ids[(salt or "", best)]

@@ -41,3 +41,13 @@ def test_remembered_ids_are_a_copy():
     memo.remember(SYSTEM + "x", ids)
     ids[:] = 0
     assert memo.longest_prefix(SYSTEM + "xy")[1].tolist() == [0, 1, 2, 3]
+
+
+def test_a_text_is_found_only_under_the_salt_it_was_remembered_under():
+    """One namespace's answers never change how another's prompts are tokenized."""
+    memo = PromptMemo()
+    memo.remember(SYSTEM + "turn one", np.arange(5), salt="alice")
+    assert memo.longest_prefix(SYSTEM + "turn one, more", "bob") is None
+    assert memo.longest_prefix(SYSTEM + "turn one, more") is None
+    text, ids = memo.longest_prefix(SYSTEM + "turn one, more", "alice")
+    assert text == SYSTEM + "turn one" and ids.tolist() == list(range(5))
