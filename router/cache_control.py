@@ -64,13 +64,25 @@ class CacheControl:
         return {"unpinned": pin is not None, "tokens": pin.tokens if pin is not None else 0}
 
     def evict(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A text's runs are those of every text that starts with it: its last piece, which what
+        follows may extend, is left out of the prefix."""
+        text = args.get("text")
+        if isinstance(text, str):
+            args = {**args, "text": text[: self.intake.tokenizer.shared_by_continuations(text)]}
         tokens = self._prefix(args)
         freed = self.cache.evict_prefix(tokens, _salt(args))
         return {"prompt_tokens": len(tokens), "evicted_tokens": freed}
 
     def _prefix(self, args: dict[str, Any]) -> np.ndarray:
         """The token ids of ``args["text"]`` (as /generate encodes a text) or ``args["input_ids"]``."""
-        msg = GenerateRequest(rid="", sampling=SamplingParams(), text=args.get("text"), input_ids=args.get("input_ids"))
+        msg = GenerateRequest(
+            rid="",
+            sampling=SamplingParams(),
+            text=args.get("text"),
+            input_ids=args.get("input_ids"),
+            cache_salt=args.get("cache_salt"),
+            tenant=args.get("tenant"),
+        )
         return self.intake.prompt(msg)[1]
 
 

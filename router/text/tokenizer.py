@@ -78,6 +78,18 @@ class Tokenizer:
         pieces = pre.pre_tokenize_str(text[start : offset + SPLIT_WINDOW])
         return any(begin == offset - start for _, (begin, _) in pieces)
 
+    def shared_by_continuations(self, text: str) -> int:
+        """How much of ``text`` every longer text that starts with it encodes the same way: all of
+        it before its last pre-tokenizer piece, which what follows may extend (". " + "Question"
+        is ".", " Question"); all of it when it ends with an added token or has one piece."""
+        pre = self.backend.pre_tokenizer
+        if pre is None or not text or text.endswith(self.added_texts):
+            return len(text)
+        start = max(0, len(text) - SPLIT_WINDOW)
+        pieces = pre.pre_tokenize_str(text[start:])
+        last = start + pieces[-1][1][0] if pieces else len(text)
+        return last or len(text)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``, as the fast tokenizers SGLang and vLLM decode with: no spaces put
         around special tokens (their ``spaces_between_special_tokens`` changes nothing there)."""

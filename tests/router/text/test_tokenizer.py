@@ -351,3 +351,13 @@ def test_gguf_unsupported_tokenizer_model(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "bert.gguf", fields)
     with pytest.raises(ModelPathError, match=r"bert\.gguf.*unsupported GGUF tokenizer model 'bert'"):
         load_tokenizer(path)
+
+
+def test_what_every_continuation_of_a_text_encodes_alike_ends_before_its_last_piece(tokenizer: Tokenizer) -> None:
+    header = "Answer in one sentence. "
+    cut = tokenizer.shared_by_continuations(header)
+    assert header[:cut] == "Answer in one sentence."  # " " + "Question" is one piece
+    for more in ("Question: why?", "\nQ", "x"):
+        assert tokenizer.encode(header + more)[: len(tokenizer.encode(header[:cut]))] == tokenizer.encode(header[:cut])
+    assert tokenizer.shared_by_continuations("Hello") == 5  # one piece: all of it
+    assert tokenizer.shared_by_continuations("hi<|im_end|>") == len("hi<|im_end|>")
