@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ from openai.types.responses import ResponseErrorEvent
 from radixcluster.protocol import GenerateRequest, RequestOutput, SamplingParams, decode, encode
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.errors import ApiError
-from radixcluster.router.api.generation import error_frame, run_generation
+from radixcluster.router.api.generation import Generation, error_frame, run_generation
 from radixcluster.router.api.metrics import ApiMetrics
-from radixcluster.router.api.native_routes import _native_chunks
+from radixcluster.router.api.native_routes import EVERY_EVENT_ENTRIES, _native_chunks
 from radixcluster.router.api.openai_routes import _chat_chunks, _completion_chunks
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
 from radixcluster.router.api.router_client import RouterClient
@@ -162,3 +162,32 @@ def test_a_responses_stream_error_event_is_the_sdks_numbered_with_a_string_code(
     event = ResponseErrorEvent.model_validate_json(frame.split("data: ", 1)[1])
     assert (event.sequence_number, event.code, event.message) == (7, "deadline_exceeded", "past deadline_s")
     assert error_frame(504, "past deadline_s", typed=False).decode().startswith('data: {"error": ')
+
+
+def test_a_native_stream_with_many_logprobs_skips_events_as_they_grow_and_ends_whole() -> None:
+    """Its events are cumulative: past EVERY_EVENT_ENTRIES logprob entries one goes out when they
+    have grown by an eighth, so its rendering stays linear in the answer."""
+    tokens, top = 1000, 20
+    shared: list[list[Any]] = []
+
+    async def growing() -> AsyncIterator[Generation]:
+        for i in range(tokens):
+            shared.append([-0.5, 7, [[-0.5, 7]] * top])
+            yield Generation(
+                rid="g",
+                return_logprob=True,
+                top_logprobs_num=top,
+                all_output_logprobs=shared,
+                num_output_logprobs=i + 1,
+                finished=i == tokens - 1,
+            )
+
+    async def read() -> list[dict[str, Any]]:
+        return [chunk async for chunk in _native_chunks([growing()], False)]
+
+    chunks = asyncio.run(read())
+    counts = [len(c["meta_info"]["output_top_logprobs"]) for c in chunks]
+    every = EVERY_EVENT_ENTRIES // (1 + top)
+    assert counts[:every] == list(range(1, every + 1))  # one per token until then
+    assert len(chunks) < every + 30 and counts[-1] == tokens  # 1,000 without the rule
+    assert all(later - earlier >= earlier / 8 for earlier, later in zip(counts[every:], counts[every + 1 : -1]))
