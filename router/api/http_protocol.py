@@ -43,6 +43,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._receiving = False  # a request has begun and not yet ended
         self._stall: asyncio.TimerHandle | None = None
         self._refused = False
+        self._running: Any = None  # the request whose app runs (a RequestResponseCycle)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -50,7 +51,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
+        running = self._running
         super().connection_lost(exc)
+        # uvicorn tells only ``self.cycle``, the newest request: with one pipelined behind it,
+        # the request running (a generation) went on for nobody
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:

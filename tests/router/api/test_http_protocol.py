@@ -37,6 +37,11 @@ async def body_length(scope, receive, send) -> None:
         return
     if scope["path"] == "/slow":
         await asyncio.sleep(SLOW_APP_S)
+    if scope["path"] == "/hold":  # never answers: waits for the client to leave
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnects.append(scope["path"])
+        return
     size, more = 0, True
     while more:
         message = await receive()
@@ -115,6 +120,18 @@ def post(body: bytes, last: bool = True, path: bytes = b"/") -> bytes:
         + b"\r\n\r\n"
         + body
     )
+
+
+def test_a_client_that_leaves_with_a_request_pipelined_is_seen_to_leave(address) -> None:
+    """uvicorn tells only the queued request of the disconnect: the one running (a generation)
+    went on for nobody, and its late answer raised on the closed transport."""
+    with socket.create_connection(address) as sock:
+        sock.sendall(b"GET /hold HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        time.sleep(0.2)
+    deadline = time.monotonic() + TIMEOUT_S
+    while "/hold" not in disconnects:
+        assert time.monotonic() < deadline, "the running request never saw its client leave"
+        time.sleep(0.01)
 
 
 def test_a_small_request_is_served(address) -> None:
