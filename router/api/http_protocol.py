@@ -23,6 +23,10 @@ HEAD_TOO_LARGE = 431
 # first request (nginx's client_header_timeout and client_body_timeout, 60 s by default)
 READ_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT = 408
+# how long a client may read nothing of an answer the server is writing before its connection
+# is closed (nginx's send_timeout, 60 s by default): its request is aborted and its buffered
+# answer dropped, instead of a task, a socket and the answer held for as long as it likes
+SEND_TIMEOUT_S = 60.0
 # after a refusal, what the client still sends is read and dropped this long before the close:
 # closing with its bytes unread would reset the connection, and the reset can destroy the answer
 LINGER_S = 2.0
@@ -34,9 +38,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     first request, the connection is closed then); and 503 to a request still being received
     when the server shuts down."""
 
-    def __init__(self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, read_timeout_s: float = READ_TIMEOUT_S, send_timeout_s: float = SEND_TIMEOUT_S, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.read_timeout_s = read_timeout_s
+        self.send_timeout_s = send_timeout_s
+        self._unread: asyncio.TimerHandle | None = None  # armed while the client reads nothing
         self._in_head = True  # the next bytes begin a request
         self._head_ended = False  # during one data_received
         self._head_bytes = 0
@@ -51,6 +59,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_waiting()
+        self._stop_unread()
         running = self._running
         super().connection_lost(exc)
         # uvicorn tells only ``self.cycle``, the newest request: with one pipelined behind it,
@@ -58,6 +67,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if running is not None and running is not self.cycle and not running.response_complete:
             running.disconnected = True
             running.message_event.set()
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: the client reads slower than the answer comes."""
+        super().pause_writing()
+        if self._unread is None:
+            self._unread = self.loop.call_later(self.send_timeout_s, self._reader_gone)
+
+    def resume_writing(self) -> None:
+        self._stop_unread()
+        super().resume_writing()
+
+    def _stop_unread(self) -> None:
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+
+    def _reader_gone(self) -> None:
+        """Nothing read for send_timeout_s: closed, so the app sees a disconnect."""
+        self._unread = None
+        if not self.transport.is_closing():
+            self.transport.abort()
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._running = cycle

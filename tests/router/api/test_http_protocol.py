@@ -27,6 +27,7 @@ TIMEOUT_S = 30
 READ_TIMEOUT_S = 0.5
 # /slow answers after this long: longer than the read timeout, which must not cut it
 SLOW_APP_S = 3 * READ_TIMEOUT_S
+FLOOD_CHUNK, FLOOD_CHUNKS = 1 << 20, 256  # /flood's answer: 256 MiB
 # paths whose app saw the client's disconnect instead of the whole body
 disconnects: list[str] = []
 
@@ -37,6 +38,12 @@ async def body_length(scope, receive, send) -> None:
         return
     if scope["path"] == "/slow":
         await asyncio.sleep(SLOW_APP_S)
+    if scope["path"] == "/flood":  # a long answer, written as fast as the transport takes it
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(FLOOD_CHUNKS):
+            await send({"type": "http.response.body", "body": b"x" * FLOOD_CHUNK, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/hold":  # never answers: waits for the client to leave
         while (await receive())["type"] != "http.disconnect":
             pass
@@ -82,8 +89,9 @@ def address() -> Iterator[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def impatient() -> Iterator[tuple[str, int]]:
-    """A server whose read timeout is READ_TIMEOUT_S."""
-    with serving(functools.partial(GuardedHttpProtocol, read_timeout_s=READ_TIMEOUT_S)) as (_, address):
+    """A server whose read and send timeouts are READ_TIMEOUT_S."""
+    protocol = functools.partial(GuardedHttpProtocol, read_timeout_s=READ_TIMEOUT_S, send_timeout_s=READ_TIMEOUT_S)
+    with serving(protocol) as (_, address):
         yield address
 
 
@@ -132,6 +140,18 @@ def test_a_client_that_leaves_with_a_request_pipelined_is_seen_to_leave(address)
     while "/hold" not in disconnects:
         assert time.monotonic() < deadline, "the running request never saw its client leave"
         time.sleep(0.01)
+
+
+def test_a_client_that_reads_nothing_of_an_answer_is_closed_after_the_send_timeout(impatient) -> None:
+    """Its socket, task and buffered answer were held for as long as it liked."""
+    with socket.create_connection(impatient, timeout=TIMEOUT_S) as sock:
+        sock.sendall(b"GET /flood HTTP/1.1\r\nhost: x\r\n\r\n")
+        time.sleep(4 * READ_TIMEOUT_S)
+        received = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+    assert 0 < received < FLOOD_CHUNK * FLOOD_CHUNKS  # what the buffers held, then the close
 
 
 def test_a_small_request_is_served(address) -> None:
