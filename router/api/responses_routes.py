@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.control_routes import refusable_call
+from radixcluster.router.api.control_routes import count_prompt_tokens, refusable_call
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.json_text import JsonResponse
@@ -57,14 +57,16 @@ def _logprobs(kind: str, logprobs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class ResponseEvents:
-    """The stream's events, numbered, and which text items it has opened and how much of each
-    text it has sent."""
+    """The stream's events, numbered, and which text items it has opened (and closed) and how
+    much of each text it has sent. Each item's events run from added to done before the next
+    item is added, as OpenAI's do: the reasoning ends when the message begins."""
 
     def __init__(self, view: ResponseView) -> None:
         self.view = view
         self.number = 0
         self.opened: list[str] = []
-        self.sent = {kind: 0 for kind in TEXT_PARTS}
+        self.closed: set[str] = set()
+        self.texts = {kind: "" for kind in TEXT_PARTS}
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         self.number += 1
@@ -78,16 +80,29 @@ class ResponseEvents:
         the ``logprobs`` of its tokens where they are known."""
         events = []
         if kind not in self.opened:
+            for earlier in [k for k in self.opened if k not in self.closed]:
+                events += self.close(earlier, self.texts[earlier], "completed", [])
             self.opened.append(kind)
             item = self.view.text_item(kind, None, "in_progress")
             events.append(self.event("output_item.added", output_index=len(self.opened) - 1, item=item))
             events.append(self.event("content_part.added", **self._where(kind), part=self.view.part(kind, "")))
-        if len(text) > self.sent[kind] or logprobs:  # a stop token's logprob comes without text
-            delta = text[self.sent[kind] :]
+        sent = len(self.texts[kind])
+        if len(text) > sent or logprobs:  # a stop token's logprob comes without text
             fields = _logprobs(kind, logprobs or [])
-            events.append(self.event(f"{TEXT_PARTS[kind]}.delta", **self._where(kind), delta=delta, **fields))
-            self.sent[kind] = len(text)
+            events.append(self.event(f"{TEXT_PARTS[kind]}.delta", **self._where(kind), delta=text[sent:], **fields))
+            self.texts[kind] = text
         return events
+
+    def close(self, kind: str, text: str, status: str, logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The done events of the text item ``kind``, whose whole text is ``text``."""
+        view, fields = self.view, _logprobs(kind, logprobs)
+        self.closed.add(kind)
+        item = view.text_item(kind, text, status, logprobs)
+        return [
+            self.event(f"{TEXT_PARTS[kind]}.done", **self._where(kind), text=text, **fields),
+            self.event("content_part.done", **self._where(kind), part=view.part(kind, text, logprobs)),
+            self.event("output_item.done", output_index=self.opened.index(kind), item=item),
+        ]
 
     def delta_logprobs(self, gen: Generation) -> list[dict[str, Any]]:
         """The logprobs of ``gen``'s new text, where a delta is known to be the message's new
@@ -100,14 +115,10 @@ class ResponseEvents:
         """Each item ended (a call opened and ended at once), then the response's last event."""
         view, events, status = self.view, [], self.view.item_status(gen)
         for kind, text in answer.texts.items():
+            if kind in self.closed:
+                continue
             events += self.text(kind, text, self.delta_logprobs(gen) if kind == "message" else [])
-            fields = _logprobs(kind, answer.logprobs)
-            events.append(self.event(f"{TEXT_PARTS[kind]}.done", **self._where(kind), text=text, **fields))
-            events.append(
-                self.event("content_part.done", **self._where(kind), part=view.part(kind, text, answer.logprobs))
-            )
-            item = view.text_item(kind, text, status, answer.logprobs)
-            events.append(self.event("output_item.done", output_index=self.opened.index(kind), item=item))
+            events += self.close(kind, text, status, answer.logprobs)
         for index, call in enumerate(answer.calls, start=len(answer.texts)):
             arguments = call["function"]["arguments"]
             where = {"item_id": view.call_id(call), "output_index": index}
@@ -166,6 +177,13 @@ def responses_routes(ctx: ApiContext) -> APIRouter:
             return await start_stream(request, _events(ctx, stream, view), typed=True)
         (gen,) = await collect(request, [stream])
         return JsonResponse(view.response(gen, await read_answer(ctx, view, gen)))
+
+    @router.post("/v1/responses/input_tokens")
+    async def input_tokens(request: Request) -> dict[str, Any]:
+        """OpenAI's input token count (the SDK's ``responses.input_tokens.count``): the prompt
+        /v1/responses would render from the same body."""
+        body = await ctx.body(request, ResponsesIn)
+        return {"object": "response.input_tokens", "input_tokens": await count_prompt_tokens(ctx, body.chat_input())}
 
     @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
     @router.api_route("/v1/responses/{response_id}/{action:path}", methods=["GET", "POST"])

@@ -1,5 +1,5 @@
-"""The Responses API's stream: each item opened before its deltas and closed once, at the index it
-has in the finished response, the deltas adding up to its text."""
+"""The Responses API's stream: each item opened before its deltas and closed once, before the next
+is added, at the index it has in the finished response, the deltas adding up to its text."""
 
 from __future__ import annotations
 
@@ -59,6 +59,10 @@ def test_each_item_opens_streams_and_closes_where_the_response_lists_it(thinking
     )
     assert [e["item"]["id"] for e in added] == [e["item"]["id"] for e in done] == [i["id"] for i in response["output"]]
     assert [e["item"] for e in done] == response["output"]
+    # each item ends before the next one is added (the reasoning before the message begins)
+    lifecycle = [(e["type"], e["output_index"]) for e in added + done]
+    in_order = [(e["type"], e["output_index"]) for e in events if e["type"].startswith("response.output_item.")]
+    assert in_order == sorted(lifecycle, key=lambda pair: (pair[1], pair[0] == "response.output_item.done"))
     deltas: dict[int, str] = defaultdict(str)
     for event in events:
         if event["type"].endswith(".delta"):
