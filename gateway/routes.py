@@ -141,6 +141,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     @router.post("/parse_function_call")
     @router.post("/separate_reasoning")
     @router.post("/v1/messages/count_tokens")
+    @router.post("/v1/responses/input_tokens")
     async def text_call(request: Request) -> Response:
         raw = await read_body(request, ctx.config.max_body_bytes)
         return await _ask_one(ctx, "POST", request.url.path, raw)

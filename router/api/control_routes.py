@@ -30,6 +30,13 @@ async def refusable_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> di
         raise ApiError(400, str(exc)) from None
 
 
+async def count_prompt_tokens(ctx: ApiContext, chat: dict[str, Any]) -> int:
+    """The tokens of a chat's prompt (``messages``, ``tools``, ...) as its generation renders
+    it, the assistant's turn opened: what Anthropic's and OpenAI's token-count calls answer."""
+    tokenized = await refusable_call(ctx, "tokenize", {**chat, "add_generation_prompt": True})
+    return len(tokenized["tokens"][0])
+
+
 def control_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
 

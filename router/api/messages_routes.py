@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 
 from radixcluster.router.api.auth import holds_admin
 from radixcluster.router.api.context import ApiContext
-from radixcluster.router.api.control_routes import refusable_call
+from radixcluster.router.api.control_routes import count_prompt_tokens
 from radixcluster.router.api.generation import Generation, collect, start_stream
 from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.messages_output import MessageEvents, MessageView
@@ -60,7 +60,6 @@ def messages_routes(ctx: ApiContext) -> APIRouter:
     async def count_tokens(request: Request) -> dict[str, int]:
         """The prompt's tokens as /v1/messages would render them (its generation prompt included)."""
         body = await ctx.body(request, MessagesChat)
-        tokenized = await refusable_call(ctx, "tokenize", {**body.chat_input(), "add_generation_prompt": True})
-        return {"input_tokens": len(tokenized["tokens"][0])}
+        return {"input_tokens": await count_prompt_tokens(ctx, body.chat_input())}
 
     return router

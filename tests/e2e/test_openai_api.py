@@ -657,6 +657,8 @@ def test_the_responses_api_answers_as_the_chat_does(client, model, server):
     ask = dict(model=model, input=QUESTION[0]["content"], instructions="Be brief.", max_output_tokens=30, temperature=0)
     response = client.responses.create(**ask)
     assert response.status == "completed" and response.output_text == chat.choices[0].message.content
+    counted = client.responses.input_tokens.count(model=model, input=ask["input"], instructions="Be brief.")
+    assert counted.input_tokens == response.usage.input_tokens
     assert response.output[0].role == "assistant" and response.id.startswith("resp_")
     assert (response.usage.input_tokens, response.usage.output_tokens) == (
         chat.usage.prompt_tokens,
