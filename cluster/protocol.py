@@ -77,6 +77,8 @@ class SamplingParams:
     # max_new_tokens is the api's default, not the client's: the router lowers it to the room
     # the context and the KV pool leave after the prompt (as vLLM does), rather than refusing
     max_new_tokens_is_default: bool = False
+    # the client's name of max_new_tokens (OpenAI's max_tokens, ...), which the router's refusals use
+    max_new_tokens_name: str = "max_new_tokens"
 
 
 @message

@@ -129,7 +129,7 @@ class RequestIntake:
             room = min(self.context_length, self.pool_tokens) - int(ids.size)
             if 0 < room < sampling.max_new_tokens:
                 sampling = dataclasses.replace(sampling, max_new_tokens=room)
-        self._check_fits(int(ids.size), sampling.max_new_tokens)
+        self._check_fits(int(ids.size), sampling.max_new_tokens, sampling.max_new_tokens_name)
         salt = _salt(msg)
         if sampling.stop_token_ids:
             self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
@@ -189,13 +189,14 @@ class RequestIntake:
         )
         return self._encode(text, False, None, _salt(msg)).astype(np.int32)
 
-    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+    def _check_fits(self, prompt_len: int, max_new_tokens: int, name: str) -> None:
+        """``name``: the client's name of max_new_tokens."""
         total = prompt_len + max_new_tokens
         for limit, what in ((self.context_length, "this model's context length"), (self.pool_tokens, "the KV pool")):
             if total > limit:
                 raise RequestRejected(
-                    f"the prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) = {total} tokens "
-                    f"exceed {what} of {limit} tokens: lower max_new_tokens or shorten the prompt"
+                    f"the prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) = {total} tokens "
+                    f"exceed {what} of {limit} tokens: lower {name} or shorten the prompt"
                 )
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:

@@ -386,7 +386,7 @@ class MessagesIn(MessagesChat):
     def protocol_sampling(self) -> SamplingParams:
         """``max_tokens`` as a default: Anthropic's clients ask for their models' whole output
         (Claude Code 32,000), which gives way to the room the prompt leaves in the context."""
-        return self._sampling(None).to_protocol(self.max_tokens)
+        return self._sampling(None).to_protocol(self.max_tokens, self.output_limit_name())
 
 
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}

@@ -220,10 +220,14 @@ class SamplingParamsIn(BaseModel):
             raise FieldError("min_new_tokens", "min_new_tokens must not exceed max_new_tokens")
         return self
 
-    def to_protocol(self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> SamplingParams:
+    def to_protocol(
+        self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, limit_name: str = "max_new_tokens"
+    ) -> SamplingParams:
+        """The router's parameters; ``limit_name``: the client's name of max_new_tokens."""
         return SamplingParams(
             max_new_tokens=default_max_new_tokens if self.max_new_tokens is None else self.max_new_tokens,
             max_new_tokens_is_default=self.max_new_tokens is None,
+            max_new_tokens_name=limit_name,
             min_new_tokens=self.min_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,

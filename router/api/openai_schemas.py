@@ -247,6 +247,10 @@ class OpenAIRequest(BaseModel):
         call that generates nothing, such as count_tokens)."""
         return None
 
+    def output_limit_name(self) -> str:
+        """The field the client names its output limit in."""
+        return "max_tokens"
+
     @model_validator(mode="after")
     def _min_within_the_limit(self) -> OpenAIRequest:
         limit = self.output_limit()
@@ -261,7 +265,7 @@ class OpenAIRequest(BaseModel):
     def protocol_sampling(self) -> SamplingParams:
         """The router's sampling parameters: a limit left out is the endpoint's default, which
         the router lowers to the room the prompt leaves."""
-        return self.sampling().to_protocol(self.default_max_tokens)
+        return self.sampling().to_protocol(self.default_max_tokens, self.output_limit_name())
 
     def pins(self) -> list[PromptPin]:
         """The prefixes its ``cache_control`` fields ask to pin."""
@@ -539,6 +543,9 @@ class ChatCompletionIn(ToolsRequest):
 
     def output_limit(self) -> int | None:
         return next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None)
+
+    def output_limit_name(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
     def pins(self) -> list[PromptPin]:
         marked = [(i, m.marker()) for i, m in enumerate(self.messages)]

@@ -270,6 +270,9 @@ class ResponsesIn(OneAnswerRequest):
     def output_limit(self) -> int | None:
         return self.max_output_tokens
 
+    def output_limit_name(self) -> str:
+        return "max_output_tokens"
+
 
 def _chat_tool(tool: Any) -> Any:
     """A flat function tool in the chat's shape (one given in the chat's shape stays as it is)."""

@@ -181,3 +181,10 @@ def test_the_memos_ids_are_used_only_where_the_encoder_cuts_the_text_too(model_p
     assert ids(remembered + "s and a river") == tokenizer.encode(remembered + "s and a river")
     assert ids(remembered + "<|im_end|>") == generated + tokenizer.encode("<|im_end|>", add_special_tokens=False)
     assert tokenizer.splits_at("a.<|im_end|>", 2) and not tokenizer.splits_at("mountains", 8)
+
+
+def test_a_limit_past_the_context_is_refused_in_the_clients_name_of_it(intake: RequestIntake) -> None:
+    for name in ("max_new_tokens", "max_tokens", "max_output_tokens"):
+        sampling = SamplingParams(max_new_tokens=9000, max_new_tokens_name=name)
+        with pytest.raises(RequestRejected, match=rf"\+ {name} \(9000\) = 9002 tokens exceed .* lower {name} or"):
+            intake.make_request(GenerateRequest(rid="r", sampling=sampling, input_ids=[504, 3458]))

@@ -409,6 +409,18 @@ def test_a_chats_top_logprobs_need_its_logprobs() -> None:
     ChatCompletionIn.model_validate({"messages": CHAT, "top_logprobs": 0})
 
 
+def test_the_router_is_told_the_clients_name_of_the_output_limit() -> None:
+    """For its refusals: a prompt + limit past the context names the field the client sent."""
+    named = {
+        "max_tokens": CompletionIn.model_validate({"prompt": "hi"}),
+        "max_completion_tokens": ChatCompletionIn.model_validate({"messages": CHAT, "max_completion_tokens": 5}),
+        "max_output_tokens": ResponsesIn.model_validate({"input": "hi"}),
+    }
+    for name, body in named.items():
+        assert body.protocol_sampling().max_new_tokens_name == name
+    assert SamplingParamsIn().to_protocol().max_new_tokens_name == "max_new_tokens"
+
+
 def test_vllms_top_k_zero_is_the_whole_vocabulary_on_the_openai_endpoints() -> None:
     for top_k, expected in ((0, -1), (-1, -1), (5, 5)):
         body = CompletionIn.model_validate({"prompt": "hi", "top_k": top_k})
