@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,10 +66,13 @@ def test_once_the_api_exists_a_signal_drains_and_a_second_ends_the_drain(own_han
 
 def test_the_data_parallel_command_only_records_the_stop(own_handlers: None) -> None:
     launcher = DataParallelLauncher(ServerArgs())
-    launcher._handle_signals()
-    os.kill(os.getpid(), signal.SIGTERM)
-    os.kill(os.getpid(), signal.SIGTERM)
-    assert launcher.stopping.is_set()
+    try:
+        launcher._handle_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert launcher.stopping.is_set()
+    finally:
+        shutil.rmtree(launcher.runtime_dir)  # its run would remove it; this test never runs it
 
 
 # A second SIGTERM sent from inside the first one's handling, at its k-th traced line, for every
