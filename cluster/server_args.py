@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,25 @@ def _bind_probe(host: str, port: int) -> None:
         probe.bind(address)
 
 
+# vLLM's human-readable counts: k / m / g are powers of 1000 (decimals allowed: 25.6k), K / M / G
+# powers of 1024 (whole numbers only)
+_COUNT_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(text: str) -> int:
+    """An integer flag's value as vLLM reads its token counts: ``4096``, ``32k``, ``25.6k``, ``1K``."""
+    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kmgKMG]?)", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (as 4096, 32k, 25.6k or 1K)")
+    number, suffix = match.groups()
+    if "." in number and not suffix.islower():
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction needs k, m or g (powers of 1000)")
+    value = float(number) * _COUNT_SUFFIXES[suffix] if suffix else int(number)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """The flags of DESIGN.md §8, plus the SGLang flags users paste."""
     d = ServerArgs()
@@ -301,13 +321,13 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunked-prefill-size",
         "--max-num-batched-tokens",  # vLLM's token budget of a step, which chunks its prompts
-        type=int,
+        type=token_count,
         default=d.chunked_prefill_size,
         help="most prompt tokens computed in one step; longer prompts are chunked (-1: never, as SGLang's -1)",
     )
     parser.add_argument(
         "--max-prefill-tokens",
-        type=int,
+        type=token_count,
         default=d.max_prefill_tokens,
         help="SGLang's cap on a prefill batch's tokens: a step computes at most this and --chunked-prefill-size",
     )
@@ -331,12 +351,12 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         help="vLLM's: on a GPU, --mem-fraction-static; ignored on CPU, as vLLM-CPU ignores it",
     )
     parser.add_argument(
-        "--max-total-tokens", type=int, default=d.max_total_tokens, help="cap on the KV pool size in tokens"
+        "--max-total-tokens", type=token_count, default=d.max_total_tokens, help="cap on the KV pool size in tokens"
     )
     parser.add_argument(
         "--context-length",
         "--max-model-len",
-        type=int,
+        type=token_count,
         default=d.context_length,
         help="longest prompt + output (default: the model's)",
     )

@@ -90,6 +90,17 @@ def test_sglangs_and_vllms_spellings_of_values_are_read_as_ours():
     assert parse("--log-level", "INFO").log_level == "info"
 
 
+def test_token_counts_read_vllms_human_readable_numbers(capsys):
+    args = parse("--max-model-len", "32k", "--max-total-tokens", "1K", "--max-num-batched-tokens", "25.6k")
+    assert (args.context_length, args.max_total_tokens, args.chunked_prefill_size) == (32000, 1024, 25600)
+    assert parse("--max-prefill-tokens", "2M").max_prefill_tokens == 2 * 2**20
+    assert parse("--chunked-prefill-size", "-1").chunked_prefill_size == -1
+    for bad, words in (("1.5K", "needs k, m or g"), ("0.0001k", "not a whole number"), ("lots", "not a count")):
+        with pytest.raises(SystemExit):
+            parse("--max-total-tokens", bad)
+        assert words in capsys.readouterr().err
+
+
 def test_vllms_names_of_the_same_flags_act_as_ours():
     args = parse(
         *"--max-model-len 1024 --max-num-seqs 8 --block-size 16 --seed 7 --max-num-batched-tokens 4096".split()
