@@ -181,6 +181,8 @@ class RequestOutput:
     input_top_logprobs: list[Any] = field(default_factory=list)
     # the text of each token id in this output's logprob entries, when asked
     token_texts: dict[int, str] = field(default_factory=dict)
+    # the bytes of those tokens that stand for part of a character (their text is U+FFFD)
+    partial_bytes: dict[int, list[int]] = field(default_factory=dict)
     prompt_ids: list[int] = field(default_factory=list)  # in the first output, when asked
     error: str | None = None
     status: int = 200
@@ -250,7 +252,7 @@ class SamplingBatch:
     frequency_penalty: np.ndarray  # float32 [B]
     presence_penalty: np.ndarray  # float32 [B]
     repetition_penalty: np.ndarray  # float32 [B]
-    seed: np.ndarray  # int64 [B]; -1 means unseeded
+    seed: np.ndarray  # int64 [B]; the request's seed modulo 2**63, or -1: unseeded
     penalty_ids: np.ndarray  # int32 [sum(penalty_lens)]
     penalty_lens: np.ndarray  # int32 [B]
     prompt_penalty_ids: np.ndarray  # int32 [sum(prompt_penalty_lens)]

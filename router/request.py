@@ -99,7 +99,9 @@ class Request:
             s.presence_penalty,
             s.repetition_penalty,
         )
-        self.int_row = (s.top_k, -1 if s.seed is None else s.seed, self.top_logprobs_num)
+        # the batch's -1 is "unseeded", so every int64 seed is folded into [0, 2**63): only seeds
+        # 2**63 apart (-1 and 2**63 - 1) share their draws
+        self.int_row = (s.top_k, -1 if s.seed is None else s.seed % 2**63, self.top_logprobs_num)
         self.has_penalty = s.frequency_penalty != 0.0 or s.presence_penalty != 0.0 or s.repetition_penalty != 1.0
         if s.repetition_penalty != 1.0:
             self.prompt_vocab = np.unique(self.prompt_ids)

@@ -91,12 +91,13 @@ def test_single_prompt_with_n_returns_a_list(server):
     assert isinstance(results, list) and len(results) == 3
 
 
-def test_a_seeded_prompts_n_samples_differ_and_repeat(server):
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "n": 3, "seed": 7, "temperature": 1.0}}
+@pytest.mark.parametrize("seed", [7, -2])  # -2's samples draw with seeds -2, -1 and 0
+def test_a_seeded_prompts_n_samples_differ_and_repeat(server, seed):
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "n": 3, "seed": seed, "temperature": 1.0}}
     first, again = (post(server, "/generate", body).json() for _ in range(2))
     assert [r["output_ids"] for r in first] == [r["output_ids"] for r in again]
     assert len({tuple(r["output_ids"]) for r in first}) == 3
-    # sample 0 is the draw of seed 7 alone
+    # sample 0 is the draw of the seed alone
     single = post(server, "/generate", {**body, "sampling_params": {**body["sampling_params"], "n": 1}}).json()
     assert single["output_ids"] == first[0]["output_ids"]
 
