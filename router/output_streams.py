@@ -155,7 +155,11 @@ class OutputStreams:
                 out.input_top_logprobs = [None, *req.input_top_logprobs]  # the first token has no logprob
             stream.sent_input_logprobs = True
         if stream.token_texts:
-            out.token_texts.update(self._token_texts(_entry_ids(new_input, out.input_top_logprobs, new_logprobs)))
+            texts = self._token_texts(_entry_ids(new_input, out.input_top_logprobs, new_logprobs))
+            out.token_texts.update(texts)
+            out.partial_bytes.update(
+                {t: list(self.tokenizer.token_bytes(t)) for t, text in texts.items() if "\ufffd" in text}
+            )
         if stream.prompt_ids:
             out.prompt_ids = req.prompt_ids.tolist()
             stream.prompt_ids = False

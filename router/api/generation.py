@@ -53,6 +53,7 @@ class Generation:
     # the request's lists, shared by its Generations and only ever appended to: each reads
     # its own prefix (and the texts of token ids, which never change once known)
     token_texts: dict[int, str] = field(default_factory=dict)
+    partial_bytes: dict[int, list[int]] = field(default_factory=dict)
     all_output_ids: list[int] = field(default_factory=list)
     num_output_ids: int = 0
     all_output_logprobs: list[list[Any]] = field(default_factory=list)
@@ -116,6 +117,7 @@ class _Progress:
         last.all_output_ids.extend(out.output_ids)
         last.all_output_logprobs.extend(out.output_logprobs)
         last.token_texts.update(out.token_texts)
+        last.partial_bytes.update(out.partial_bytes)
         self.last = Generation(
             rid=last.rid,
             return_logprob=last.return_logprob,
@@ -135,6 +137,7 @@ class _Progress:
             ),
             e2e_latency=e2e_latency,
             token_texts=last.token_texts,
+            partial_bytes=last.partial_bytes,
             all_output_ids=last.all_output_ids,
             num_output_ids=len(last.all_output_ids),
             prompt_ids=out.prompt_ids or last.prompt_ids,

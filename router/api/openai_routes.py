@@ -127,10 +127,14 @@ def prompt_entries(gen: Generation) -> list[list[Any]]:
     return [[lp, tid, None if lp is None else top or []] for (lp, tid), top in zip(gen.input_logprobs, tops)]
 
 
-def chat_logprobs(entries: list[list[Any]], texts: dict[int, str]) -> dict[str, Any]:
+def chat_logprobs(entries: list[list[Any]], gen: Generation) -> dict[str, Any]:
+    """OpenAI's chat logprobs of ``entries``; a token that holds part of a character has the text
+    U+FFFD (as SGLang and vLLM decode it) and its own bytes, which combine into the character."""
+
     def token(tid: int, logprob: float) -> dict[str, Any]:
-        text = texts[tid]
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        text = gen.token_texts[tid]
+        raw = gen.partial_bytes.get(tid)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode()) if raw is None else raw}
 
     return {
         "content": [{**token(tid, lp), "top_logprobs": [token(t, tlp) for tlp, t in tops]} for lp, tid, tops in entries]
@@ -252,7 +256,7 @@ async def _chat_chunks(
         started, latest[index] = latest[index] is not None, gen
         if not started:
             yield chunk(index, {"role": "assistant", "content": ""}, opening=True)
-        logprobs = chat_logprobs(gen.new_output_logprobs, gen.token_texts) if body.logprobs else None
+        logprobs = chat_logprobs(gen.new_output_logprobs, gen) if body.logprobs else None
         # text that may be a marker or a tool call is held until it is known; calls go out whole
         if not gen.finished:
             thought, answer = reader.streamable(gen.text)
@@ -367,7 +371,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
         choices = []
         for i, g in enumerate(gens):
             message, ended = chat_answer(g, reader)
-            logprobs = chat_logprobs(g.output_logprobs, g.token_texts) if body.logprobs else None
+            logprobs = chat_logprobs(g.output_logprobs, g) if body.logprobs else None
             choice = {"index": i, "message": {"role": "assistant", **message}, "logprobs": logprobs, **ended}
             choices.append({**choice, "token_ids": g.output_ids} if body.return_token_ids else choice)
         prompt_ids = {"prompt_token_ids": gens[0].prompt_ids} if body.return_token_ids else {}

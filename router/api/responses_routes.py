@@ -37,7 +37,7 @@ def message_logprobs(gen: Generation, content: str | None, after: int) -> list[d
     """The logprobs of the tokens that wrote the message's text: all of them when it is the
     whole output, else those whose text starts inside it (the tokens' texts laid end to end;
     ``after``: where the thinking ended)."""
-    entries = chat_logprobs(gen.output_logprobs, gen.token_texts)["content"]
+    entries = chat_logprobs(gen.output_logprobs, gen)["content"]
     if not content or content == gen.text:
         return entries if content else []
     start = gen.text.find(content, after)
@@ -109,7 +109,7 @@ class ResponseEvents:
         text (an answer streamed as it comes); else the message's end gives them all."""
         if not self.view.body.wants_logprobs or not self.view.reader.plain:
             return []
-        return chat_logprobs(gen.new_output_logprobs, gen.token_texts)["content"]
+        return chat_logprobs(gen.new_output_logprobs, gen)["content"]
 
     def finished(self, gen: Generation, answer: Answer) -> list[dict[str, Any]]:
         """Each item ended (a call opened and ended at once), then the response's last event."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,19 @@ from radixcluster.router.text.piece_encoder import PieceEncoder
 # characters on each side of an offset that splits_at pre-tokenizes: a piece (a word, a number's
 # digit, a run of spaces or punctuation) is decided by its neighbours
 SPLIT_WINDOW = 64
+# a byte-fallback vocabulary entry (SentencePiece's): one byte of a character the vocabulary lacks
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level vocabulary spelling: printable bytes stand for themselves, the others
+    for the characters from U+0100 on, in byte order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    moved = [b for b in range(256) if b not in kept]
+    return {chr(b): b for b in kept} | {chr(256 + i): b for i, b in enumerate(moved)}
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
 
 
 @dataclass(slots=True)
@@ -122,6 +136,19 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry of ``token_id`` as spelled in the vocabulary (None if out of range)."""
         return self.backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes ``token_id`` stands for, also when they are only part of a character (its
+        text alone decodes to U+FFFD): read from its vocabulary entry, byte-level or byte-fallback."""
+        text = self.decode([token_id], skip_special_tokens=False)
+        piece = self.id_to_token(token_id) or ""
+        if "\ufffd" not in text or self.is_special(token_id):
+            return text.encode()
+        if match := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(match[1], 16)])
+        if piece and all(c in _BYTE_LEVEL for c in piece):
+            return bytes(_BYTE_LEVEL[c] for c in piece)
+        return text.encode()
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_ids

@@ -201,6 +201,23 @@ def test_chat_logprobs(client, model):
     assert [e.top_logprobs[0].token for e in entries] == [e.token for e in entries]  # greedy: the likeliest
 
 
+def test_chat_logprobs_bytes_combine_into_characters_split_across_tokens(client, model):
+    """🌪 is three tokens, each part of the character: their text is U+FFFD (as SGLang and vLLM
+    decode them alone), their bytes OpenAI's, which join into the character."""
+    resp = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Repeat exactly: 🌪🌪🌪 中文"}],
+        max_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+    )
+    entries = resp.choices[0].logprobs.content
+    assert any(e.token == "\ufffd" for e in entries) and "🌪" in resp.choices[0].message.content
+    joined = b"".join(bytes(e.bytes) for e in entries)  # the limit may cut the last character
+    assert joined.decode(errors="replace") == resp.choices[0].message.content
+
+
 def test_a_developer_message_answers_as_a_system_message(client, model):
     chat = [{"role": "developer", "content": "Answer in one word."}, *QUESTION]
     system = [{**chat[0], "role": "system"}, *QUESTION]

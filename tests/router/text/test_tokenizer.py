@@ -340,6 +340,19 @@ def test_sentencepiece_gguf_matches_transformers(tmp_path: Path) -> None:
         assert "".join(detok.add([i]) for i in ids) + detok.flush() == ours.decode(ids)
 
 
+@pytest.mark.parametrize("text", TEXTS)
+def test_each_tokens_bytes_spell_the_text_also_within_a_character(tokenizer: Tokenizer, text: str) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode()
+
+
+def test_byte_fallback_tokens_are_their_bytes(tmp_path: Path) -> None:
+    sp = load_tokenizer(_sentencepiece_gguf(tmp_path / "sp.gguf"))
+    ids = sp.encode("hello 中", add_special_tokens=False)[-3:]  # 中's three bytes, one token each
+    assert [sp.decode([i]) for i in ids] == ["\ufffd"] * 3
+    assert b"".join(sp.token_bytes(i) for i in ids) == "中".encode()
+
+
 def test_gguf_without_tokenizer_metadata(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "bare.gguf", {})
     with pytest.raises(ModelPathError, match=r"bare\.gguf.*no tokenizer metadata"):
