@@ -186,6 +186,7 @@ class RequestOutput:
     prompt_ids: list[int] = field(default_factory=list)  # in the first output, when asked
     error: str | None = None
     status: int = 200
+    error_param: str | None = None  # the field ``error`` blames, by the client's name
 
 
 @message

@@ -22,7 +22,12 @@ logger = logging.getLogger(__name__)
 
 
 class RequestRejected(ValueError):
-    """The client's request cannot run; the message is for the client."""
+    """The client's request cannot run; the message is for the client, ``param`` the field it
+    blames by the client's name (OpenAI's ``param``), when the router knows it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class RequestIntake:
@@ -196,14 +201,16 @@ class RequestIntake:
             if total > limit:
                 raise RequestRejected(
                     f"the prompt ({prompt_len} tokens) + {name} ({max_new_tokens}) = {total} tokens "
-                    f"exceed {what} of {limit} tokens: lower {name} or shorten the prompt"
+                    f"exceed {what} of {limit} tokens: lower {name} or shorten the prompt",
+                    name,
                 )
 
     def _check_ids(self, ids: np.ndarray, what: str) -> None:
         bad = ids[(ids < 0) | (ids >= self.vocab_size)]
         if bad.size:
             raise RequestRejected(
-                f"{what} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}"
+                f"{what} holds token ids outside the vocabulary [0, {self.vocab_size}): {bad[:5].tolist()}",
+                _param(what),
             )
 
 
@@ -219,7 +226,12 @@ def _token_ids(values: Sequence[int], what: str) -> np.ndarray:
     try:
         return np.asarray(values, dtype=np.int64)
     except (OverflowError, TypeError, ValueError):
-        raise RequestRejected(f"{what} holds a value that is no token id") from None
+        raise RequestRejected(f"{what} holds a value that is no token id", _param(what)) from None
+
+
+def _param(what: str) -> str | None:
+    """The field a rejection of ``what`` blames: the prompt's ids are each endpoint's own field."""
+    return None if what == "input_ids" else what
 
 
 def _check_biases(values: list[float]) -> None:
@@ -228,7 +240,7 @@ def _check_biases(values: list[float]) -> None:
     except (TypeError, ValueError):
         finite = False
     if not finite:
-        raise RequestRejected("logit_bias values must be finite numbers")
+        raise RequestRejected("logit_bias values must be finite numbers", "logit_bias")
 
 
 def _check_floats(msg: GenerateRequest) -> None:

@@ -175,7 +175,7 @@ class Router:
             try:
                 return self._submit(msg)
             except RequestRejected as exc:
-                return [_failed(msg.rid, str(exc), 400)]
+                return [_failed(msg.rid, str(exc), 400, exc.param)]
             except Exception:
                 logger.exception("admitting request %s failed", msg.rid)
                 self._forget(msg.rid)
@@ -464,8 +464,8 @@ class Router:
         }
 
 
-def _failed(rid: str, message: str, status: int) -> RequestOutput:
-    return RequestOutput(rid=rid, finished=True, error=message, status=status)
+def _failed(rid: str, message: str, status: int, param: str | None = None) -> RequestOutput:
+    return RequestOutput(rid=rid, finished=True, error=message, status=status, error_param=param)
 
 
 def _aborted(rid: str, message: str, status: int) -> RequestOutput:

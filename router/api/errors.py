@@ -60,10 +60,11 @@ RETRY_AFTER_S = 1
 class ApiError(Exception):
     """A failure with the HTTP status and message the client should see."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param  # the field at fault, when one is
 
 
 def error_type(status: int) -> str:
@@ -267,7 +268,7 @@ def failure_response(exc: Exception, method: str, path: str) -> JsonResponse:
     one is logged, its details kept from whoever sent the request."""
     status, message, param = 500, "internal error (logged on the server)", None
     if isinstance(exc, ApiError):
-        status, message = exc.status, exc.message
+        status, message, param = exc.status, exc.message, exc.param
     elif isinstance(exc, (ValidationError, RequestValidationError)):
         status, message, param = 400, describe_validation_error(exc), validation_param(exc)
     elif isinstance(exc, RouterUnavailable):

@@ -165,7 +165,7 @@ async def run_generation(
             except StopAsyncIteration:
                 return
             if out.error is not None:
-                raise ApiError(out.status if out.status >= 400 else 500, out.error)
+                raise ApiError(out.status if out.status >= 400 else 500, out.error, out.error_param)
             now = time.monotonic()
             if out.output_ids and request.log_metrics:
                 if first:

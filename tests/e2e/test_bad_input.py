@@ -171,6 +171,21 @@ def test_openai_request_validation(server, still_serves, path, body, word):
     assert_error(post(server, path, body), 400, word)
 
 
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {"prompt": TEXT, "logit_bias": {"4000000": 5}}, "logit_bias"),
+        ("/v1/chat/completions", {"messages": CHAT, "stop_token_ids": [49152]}, "stop_token_ids"),
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": CONTEXT}, "max_tokens"),
+        ("/v1/completions", {"prompt": [504, 49152]}, None),  # the router has no name for the prompt's field
+    ],
+)
+def test_the_routers_refusals_name_the_field_at_fault(server, still_serves, path, body, param):
+    """Refusals only the router can make (the vocabulary, the context) name the client's field too."""
+    resp = post(server, path, body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+
+
 @pytest.mark.parametrize("path,body,word", TOKENIZER_CASES.values(), ids=TOKENIZER_CASES.keys())
 def test_tokenizer_endpoint_bounds(server, still_serves, path, body, word):
     assert_error(post(server, path, body), 400, word)
