@@ -137,7 +137,12 @@ class RequestIntake:
         self._check_fits(int(ids.size), sampling.max_new_tokens, sampling.max_new_tokens_name)
         salt = _salt(msg)
         if sampling.stop_token_ids:
-            self._check_ids(_token_ids(sampling.stop_token_ids, "stop_token_ids"), "stop_token_ids")
+            # as SGLang and vLLM: an id past the vocabulary is never sampled, so it stops nothing
+            # (SGLang's own test kits send 119690 to every model)
+            stops = _token_ids(sampling.stop_token_ids, "stop_token_ids")
+            kept = stops[(stops >= 0) & (stops < self.vocab_size)]
+            if kept.size < stops.size:
+                sampling = dataclasses.replace(sampling, stop_token_ids=kept.tolist())
         if sampling.logit_bias:
             self._check_ids(_token_ids(list(sampling.logit_bias), "logit_bias"), "logit_bias")
             _check_biases(list(sampling.logit_bias.values()))
@@ -151,7 +156,7 @@ class RequestIntake:
             log_metrics=msg.log_metrics,
             return_logprob=msg.return_logprob,
             top_logprobs_num=msg.top_logprobs_num,
-            logprob_start_len=min(msg.logprob_start_len, int(ids.size) - 1),
+            logprob_start_len=_logprob_start(msg.logprob_start_len, int(ids.size)),
             pins=[(self._pin_prefix(msg, pin, ids), pin.ttl_s) for pin in msg.pins],
         )
         return request, text
@@ -227,6 +232,17 @@ def _token_ids(values: Sequence[int], what: str) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
     except (OverflowError, TypeError, ValueError):
         raise RequestRejected(f"{what} holds a value that is no token id", _param(what)) from None
+
+
+def _logprob_start(start: int, prompt_len: int) -> int:
+    """The first prompt position whose logprob is returned (-1: none), as SGLang reads
+    ``logprob_start_len``: the prompt's length asks for none, a start past it is refused."""
+    if start > prompt_len:
+        raise RequestRejected(
+            f"logprob_start_len ({start}) is past the prompt's {prompt_len} tokens: use a smaller one",
+            "logprob_start_len",
+        )
+    return -1 if start == prompt_len else start
 
 
 def _param(what: str) -> str | None:

@@ -152,6 +152,21 @@ def test_a_prompt_longer_than_a_chunk_is_scored_at_every_token(server):
     assert later == pytest.approx([lp for lp, _, _ in entries[2001:]], abs=1e-3)
 
 
+def test_a_logprob_start_at_the_prompts_end_scores_none_of_it_and_one_past_is_refused(server):
+    """As SGLang: logprob_start_len == the prompt's length asks for no prompt entries; more is a 400."""
+    n = generate(server, PROMPT, max_new_tokens=1)["meta_info"]["prompt_tokens"]
+    at_end = generate(server, PROMPT, max_new_tokens=1, return_logprob=True, logprob_start_len=n)["meta_info"]
+    assert at_end["input_token_logprobs"] == [] and len(at_end["output_token_logprobs"]) == 1
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": 1},
+        "return_logprob": True,
+        "logprob_start_len": n + 1,
+    }
+    resp = post(server, "/generate", body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "logprob_start_len", resp.text
+
+
 def test_zero_new_tokens_only_prefills(server):
     result = generate(server, LONG_PROMPT + " Zero", max_new_tokens=0)
     assert result["output_ids"] == [] and result["text"] == ""
