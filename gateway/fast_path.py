@@ -21,10 +21,17 @@ GENERATION_ROUTES = {
     "/v1/responses": RESPONSES,
     "/v1/messages": MESSAGES,
 }
+# SGLang's /generate takes PUT too (forwarded as a POST)
+_ALSO_PUT = {"/generate"}
+
+
+def generation_methods(path: str) -> list[str]:
+    """The methods a generation route is served on."""
+    return ["POST", "PUT"] if path in _ALSO_PUT else ["POST"]
 
 
 class FastPath:
-    """Serves ``POST`` to the generation routes with the same ``forward`` as FastAPI's routes
+    """Serves the generation routes (on ``generation_methods``) with the same ``forward`` as FastAPI's routes
     and the same error responses; passes everything else (the lifespan too) to ``app``."""
 
     def __init__(self, ctx: GatewayContext, app: ASGIApp) -> None:
@@ -33,7 +40,8 @@ class FastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")  # a lifespan scope has none
-        kind = GENERATION_ROUTES.get(path) if scope["type"] == "http" and scope["method"] == "POST" else None
+        served = scope["type"] == "http" and scope["method"] in generation_methods(path)
+        kind = GENERATION_ROUTES.get(path) if served else None
         if kind is None:
             await self._app(scope, receive, send)
             return
@@ -42,5 +50,5 @@ class FastPath:
         except ClientDisconnect:
             return  # it left while sending its body: nobody to answer
         except Exception as exc:
-            response = failure_response(exc, "POST", path)
+            response = failure_response(exc, scope["method"], path)
         await response(scope, receive, send)

@@ -23,7 +23,7 @@ from radixcluster.gateway.context import (
     passed_on,
     replica_indices,
 )
-from radixcluster.gateway.fast_path import GENERATION_ROUTES
+from radixcluster.gateway.fast_path import GENERATION_ROUTES, generation_methods
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
 from radixcluster.router.api.control_schemas import AbortIn
 from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
@@ -63,7 +63,7 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     router = APIRouter()
 
     for path, kind in GENERATION_ROUTES.items():
-        router.add_api_route(path, _generation(ctx, path, kind), methods=["POST"])
+        router.add_api_route(path, _generation(ctx, path, kind), methods=generation_methods(path))
 
     @router.get("/health")
     @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
@@ -142,12 +142,15 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     @router.post("/separate_reasoning")
     @router.post("/v1/messages/count_tokens")
     @router.post("/v1/responses/input_tokens")
+    @router.post("/update_weights_from_disk")  # a replica's refusal
     async def text_call(request: Request) -> Response:
         raw = await read_body(request, ctx.config.max_body_bytes)
         return await _ask_one(ctx, "POST", request.url.path, raw)
 
     @router.get("/model_info")
     @router.get("/get_model_info")
+    @router.get("/weight_version")
+    @router.get("/get_weight_version")
     @router.get("/v1/models")
     @router.get("/v1/models/{name:path}")
     async def model(request: Request) -> Response:

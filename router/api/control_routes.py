@@ -15,6 +15,7 @@ from radixcluster.router.api.auth import admin_check
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.control_schemas import AbortIn, DetokenizeIn, ProfileIn, TokenizeIn
 from radixcluster.router.api.errors import ApiError, read_json
+from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.router_client import RouterError
 
 # where traces go when the request names no output_dir: SGLang's variable, then vLLM's
@@ -37,6 +38,11 @@ async def count_prompt_tokens(ctx: ApiContext, chat: dict[str, Any]) -> int:
     return len(tokenized["tokens"][0])
 
 
+# SGLang's label of the weights a server started with (its --weight-version's default); the
+# weights here never change while it runs, so neither does the label
+WEIGHT_VERSION = "default"
+
+
 def control_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
 
@@ -52,7 +58,22 @@ def control_routes(ctx: ApiContext) -> APIRouter:
             "preferred_sampling_params": None,
             "has_image_understanding": False,
             "has_audio_understanding": False,
+            "weight_version": WEIGHT_VERSION,
         }
+
+    @router.get("/weight_version")
+    @router.get("/get_weight_version")
+    async def weight_version() -> dict[str, str]:
+        return {"weight_version": WEIGHT_VERSION}
+
+    @router.post("/update_weights_from_disk")
+    async def update_weights_from_disk() -> JsonResponse:
+        """Refused in SGLang's shape of a failed update, which its trainers' clients read."""
+        message = (
+            "this server does not update its weights in place: "
+            "start one on the new weights (radixcluster up --model-path ...)"
+        )
+        return JsonResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
 
     @router.post("/tokenize")
     @router.post("/v1/tokenize")

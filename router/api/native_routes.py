@@ -69,7 +69,7 @@ async def _last(stream: AsyncIterator[Generation]) -> Generation | None:
 def native_routes(ctx: ApiContext) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/generate")
+    @router.api_route("/generate", methods=["POST", "PUT"])  # SGLang's takes both
     async def generate(request: Request) -> Response:
         body = await ctx.body(request, GenerateIn)
         deadline = deadline_of(body.deadline_s)

@@ -143,6 +143,7 @@ def test_sglang_endpoints_answer_through_the_gateway(cluster) -> None:
     that runs the request; bad bodies get the replicas' own 400s."""
     info = get(cluster, "/model_info").json()
     assert info["model_path"].endswith(".gguf") and get(cluster, "/get_model_info").json() == info
+    assert get(cluster, "/weight_version").json() == {"weight_version": info["weight_version"]}
     gateway = get(cluster, "/server_info").json()["gateway"]
     assert gateway["policy"] == "cache-aware" and sorted(gateway["replicas"]) == sorted(replicas(cluster))
     model = get(cluster, "/v1/models").json()["data"][0]["id"]

@@ -84,6 +84,12 @@ def test_text_batch_with_per_prompt_sampling_params(server):
     assert [r["meta_info"]["completion_tokens"] for r in results] == [2, 5]
 
 
+def test_generate_takes_put_as_sglangs_does(server):
+    body = {"text": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 4}}
+    put = requests.put(server.url + "/generate", json=body, headers=server.headers(), timeout=TIMEOUT_S)
+    assert put.status_code == 200 and put.json()["text"] == post(server, "/generate", body).json()["text"]
+
+
 def test_single_prompt_with_n_returns_a_list(server):
     results = post(
         server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}

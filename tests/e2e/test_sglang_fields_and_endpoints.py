@@ -103,6 +103,11 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
     assert get(server, "/model_info").json() == info
     assert info["model_path"].endswith(".gguf") and info["is_generation"] is True
     assert info["tokenizer_path"] == info["model_path"]
+    # SGLang's label of the weights, which RL trainers read
+    assert info["weight_version"] == "default" == get(server, "/get_weight_version").json()["weight_version"]
+    assert get(server, "/weight_version").json() == {"weight_version": "default"}
+    update = post(server, "/update_weights_from_disk", {"model_path": "/elsewhere"})
+    assert update.status_code == 400 and update.json()["success"] is False and "in place" in update.json()["message"]
     assert get(server, "/server_info").json()["model_path"] == info["model_path"]
     server_info = get(server, "/get_server_info").json()
     assert server_info["context_length"] > 0

@@ -57,6 +57,8 @@ def error(resp, status: int) -> str:
 
 def test_without_an_available_replica_requests_get_503_and_health_fails(client) -> None:
     assert "no replica is available" in error(client.post("/generate", json={"text": "hi"}), 503)
+    assert "no replica is available" in error(client.put("/generate", json={"text": "hi"}), 503)  # SGLang's PUT
+    assert "takes POST" in error(client.put("/v1/completions", json={"prompt": "hi"}), 405)
     assert "no replica is available" in error(client.post("/tokenize", json={"prompt": "hi"}), 503)
     assert "no replica is available" in error(client.get("/model_info"), 503)
     assert error(client.get("/health"), 503).startswith("unhealthy")
