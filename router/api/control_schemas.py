@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from radixcluster.protocol import MAX_PROFILE_STEPS
+from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.native_schemas import TokenId, fits_context
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
@@ -26,6 +27,8 @@ class TokenizeIn(BaseModel):
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    # vLLM's and the chat's: the prompt ends inside the last message (an assistant's prefill)
+    continue_final_message: bool = False
     return_token_strs: bool = False  # vLLM's: each id's vocabulary entry too, as ``token_strs``
     # a chat's, rendered as the chat endpoint renders them (vLLM's /tokenize takes them too)
     tools: list[ToolIn] | None = Field(None, max_length=MAX_TOOLS)
@@ -37,13 +40,22 @@ class TokenizeIn(BaseModel):
     def _one_input(self) -> TokenizeIn:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("exactly one of prompt and messages must be given")
+        if (
+            self.continue_final_message
+            and self.add_generation_prompt
+            and "add_generation_prompt" in self.model_fields_set
+        ):
+            raise FieldError(
+                "add_generation_prompt", "continue_final_message and add_generation_prompt cannot both be true"
+            )
         return self
 
     def router_args(self) -> dict[str, Any]:
         if self.messages is not None:
             return {
                 "messages": self.messages,
-                "add_generation_prompt": self.add_generation_prompt,
+                "add_generation_prompt": self.add_generation_prompt and not self.continue_final_message,
+                "continue_final_message": self.continue_final_message,
                 "tools": [t.as_dict() for t in self.tools] if self.tools else None,
                 "chat_template_kwargs": self.chat_template_kwargs,
                 "token_strs": self.return_token_strs,

@@ -174,6 +174,20 @@ def test_tokenize_and_detokenize(server):
     assert_error(post(server, "/tokenize", {}), 400, "prompt")
 
 
+def test_tokenize_counts_a_prefilled_answer_as_the_chat_serves_it(server):
+    """vLLM's continue_final_message: the ids end inside the assistant's message, as the chat's
+    prompt_token_ids do (no <|im_end|> after it)."""
+    chat = [{"role": "user", "content": "写一首诗"}, {"role": "assistant", "content": "春眠不觉晓，"}]
+    body = {"messages": chat, "add_generation_prompt": False, "continue_final_message": True}
+    ids = post(server, "/tokenize", body).json()["tokens"]
+    served = post(server, "/v1/chat/completions", {**body, "max_tokens": 1, "return_token_ids": True}).json()
+    assert ids == served["prompt_token_ids"]
+    text = post(server, "/detokenize", {"tokens": ids, "skip_special_tokens": False}).json()["text"]
+    assert text.endswith("春眠不觉晓，")
+    both = {**body, "add_generation_prompt": True}
+    assert post(server, "/tokenize", both).json()["error"]["param"] == "add_generation_prompt"
+
+
 TOOLS = [
     {"type": "function", "function": {"name": "get_time"}},
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
