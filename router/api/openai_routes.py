@@ -6,6 +6,7 @@ Logprob entries name each token by its own text, which the router sends with the
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import time
 import uuid
@@ -97,27 +98,48 @@ class SentIds:
         return (gen.prompt_ids if sent is None else None), gen.output_ids[sent or 0 :]
 
 
-def completion_logprobs(entries: list[list[Any]], texts: dict[int, str], offset: int = 0) -> dict[str, Any]:
-    """OpenAI's completion logprobs of ``entries`` (``[logprob, id, tops]``); ``text_offset``
-    counts each token's text from ``offset``, the length of the choice's text before them."""
-    tokens = [texts[tid] for _, tid, _ in entries]
-    offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=offset)) if tokens else []
+class CompletionLogprobs:
+    """OpenAI's completion logprobs of one choice, rendered a run of entries (``[logprob, id,
+    tops]``) at a time. As vLLM names them, the chosen tokens' strings join into the text: a
+    token that is part of a character is ``""`` and the one that completes it holds it all
+    (alone, each would be U+FFFD); ``text_offset`` counts those strings from the first entry."""
 
-    def top(logprob: float, tid: int, tops: list[list[Any]] | None) -> dict[str, float] | None:
-        if tops is None:
-            return None
-        listed = {texts[t]: tlp for tlp, t in tops}
-        # OpenAI's legacy completions always list the chosen token too: up to logprobs + 1
-        # entries (as vLLM gives them)
-        listed.setdefault(texts[tid], logprob)
-        return listed
+    def __init__(self) -> None:
+        self._bytes = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._offset = 0
 
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp for lp, _, _ in entries],
-        "top_logprobs": [top(*entry) for entry in entries],
-        "text_offset": offsets,
-    }
+    def render(self, entries: list[list[Any]], gen: Generation) -> dict[str, Any]:
+        tokens = [self._string(tid, gen) for _, tid, _ in entries]
+        if gen.finished and tokens:
+            tokens[-1] += self._held()  # a last character the limit cut: U+FFFD, as in the text
+        offsets = list(itertools.accumulate((len(t) for t in tokens), initial=self._offset))
+        self._offset = offsets.pop()
+
+        def top(logprob: float, token: str, tops: list[list[Any]] | None) -> dict[str, float] | None:
+            if tops is None:
+                return None
+            # OpenAI's legacy completions always list the chosen token too (up to logprobs + 1
+            # entries, as vLLM gives them), under its own string, which no alternative's displaces
+            return {**{gen.token_texts[t]: tlp for tlp, t in tops}, token: logprob}
+
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp for lp, _, _ in entries],
+            "top_logprobs": [top(lp, token, tops) for (lp, _, tops), token in zip(entries, tokens)],
+            "text_offset": offsets,
+        }
+
+    def _string(self, tid: int, gen: Generation) -> str:
+        raw = gen.partial_bytes.get(tid)
+        if raw is not None:
+            return self._bytes.decode(bytes(raw))
+        return self._held() + gen.token_texts[tid]
+
+    def _held(self) -> str:
+        """U+FFFD for the bytes of a character that was never completed, else nothing."""
+        held = self._bytes.decode(b"", final=True)
+        self._bytes.reset()
+        return held
 
 
 def prompt_entries(gen: Generation) -> list[list[Any]]:
@@ -188,8 +210,8 @@ async def _echo_texts(ctx: ApiContext, body: CompletionIn) -> list[str] | None:
     prompts = body.prompts()
     if all(isinstance(p, str) for p in prompts):
         return [str(p) for p in prompts]
-    skip = body.skip_special_tokens is not False
-    return (await refusable_call(ctx, "detokenize", {"tokens": prompts, "skip_special_tokens": skip}))["texts"]
+    # as vLLM echoes them, special tokens included: the prompt's logprobs name them too
+    return (await refusable_call(ctx, "detokenize", {"tokens": prompts, "skip_special_tokens": False}))["texts"]
 
 
 async def _completion_chunks(
@@ -198,7 +220,7 @@ async def _completion_chunks(
     latest: list[Generation] = [None] * len(streams)  # type: ignore[list-item]
     # the echoed prompt goes out once, with its logprobs where asked (they come after the prefill)
     pending = [echoes is not None] * len(streams)
-    sent = [0] * len(streams)  # characters of text each choice has sent: its next text_offset
+    rendered = [CompletionLogprobs() for _ in streams]
     ids = SentIds(body, len(streams))
     async for index, gen in merge(streams):
         latest[index] = gen
@@ -209,8 +231,7 @@ async def _completion_chunks(
         if text or entries or gen.new_text or gen.new_output_logprobs or gen.finished:
             entries = entries + gen.new_output_logprobs
             text += gen.new_text
-            logprobs = completion_logprobs(entries, gen.token_texts, sent[index]) if body.logprobs is not None else None
-            sent[index] += len(text)
+            logprobs = rendered[index].render(entries, gen) if body.logprobs is not None else None
             choice = {"index": index, "text": text, "logprobs": logprobs, **finish(gen)}
             if ids.on:
                 prompt_ids, new_ids = ids.take(gen, index)
@@ -350,9 +371,7 @@ def openai_routes(ctx: ApiContext) -> APIRouter:
                 {
                     "index": i,
                     "text": text + g.text,
-                    "logprobs": completion_logprobs(entries + g.output_logprobs, g.token_texts)
-                    if wants_logprobs
-                    else None,
+                    "logprobs": CompletionLogprobs().render(entries + g.output_logprobs, g) if wants_logprobs else None,
                     **finish(g),
                     **({"prompt_token_ids": g.prompt_ids, "token_ids": g.output_ids} if body.return_token_ids else {}),
                 }

@@ -576,6 +576,29 @@ def test_completion_echo_of_token_ids_zero_tokens_and_streams(client, model):
         assert "".join(tokens) == whole.choices[index].text
 
 
+def test_completion_logprobs_of_characters_split_across_tokens_join_into_the_text(client, model):
+    """As vLLM: a token that is part of a character is "" and the one that completes it holds
+    it, so the tokens join into the text, streamed or not, with the same offsets; the chosen
+    token is listed in its top_logprobs with its own logprob."""
+    params = dict(model=model, prompt="写一首关于春天的诗", max_tokens=9, temperature=0, logprobs=2, echo=True)
+    whole = client.completions.create(**params).choices[0]
+    lp = whole.logprobs
+    assert "" in lp.tokens
+    assert "".join(lp.tokens) == whole.text  # its last character cut by the limit: U+FFFD in both
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    assert all(top[t] == v for t, v, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]))
+    chunks = [c.choices[0] for c in client.completions.create(**params, stream=True) if c.choices]
+    assert [t for c in chunks for t in c.logprobs.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.logprobs.text_offset] == lp.text_offset
+
+
+def test_completion_echo_of_token_ids_keeps_special_tokens(client, model):
+    """As vLLM echoes a prompt of ids: its text with the special tokens, as its logprobs name them."""
+    ids = [1, 4093, 198, 28120, 2, 198]  # "<|im_start|>user\nhello<|im_end|>\n"
+    choice = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True, logprobs=0).choices[0]
+    assert choice.text == "<|im_start|>user\nhello<|im_end|>\n" == "".join(choice.logprobs.tokens)
+
+
 def test_completion_streaming_matches_the_whole_text(client, model):
     whole = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
     chunks = list(
