@@ -286,6 +286,7 @@ class MessagesChat(OneAnswerRequest):
     )
 
     messages: list[MessageIn] = Field(min_length=1)
+    temperature: float = Field(1.0, ge=0, le=1)  # Anthropic's range
     # the chat's tools, each read from Anthropic's shape (a list of a subclass: list is invariant)
     tools: list[MessagesToolIn] | None = Field(None, max_length=MAX_TOOLS)  # type: ignore[assignment]
     system: str | list[TextBlock] | None = None

@@ -21,7 +21,6 @@ from radixcluster.router.api.native_schemas import (
     Key,
     LogitBias,
     SamplingParamsIn,
-    Temperature,
     TokenId,
     check_generations,
     drop_unsupported,
@@ -169,7 +168,7 @@ class OpenAIRequest(BaseModel):
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_OPENAI
 
     model: str | None = None
-    temperature: Temperature = 1.0
+    temperature: float = Field(1.0, ge=0, le=2)  # OpenAI's range, which vLLM holds too (SGLang's /generate: any)
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1, le=64)
     stop: str | list[str] | None = None
@@ -308,7 +307,7 @@ class CompletionIn(OpenAIRequest):
     max_tokens: Count | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1, le=1)  # one sample per choice: only 1 (bench_serving sends it)
+    best_of: int | None = Field(None, ge=1)  # one sample per choice: only 1 (bench_serving sends it)
 
     _prompts_fit = field_validator("prompt", mode="before")(prompts_fit_context)
 
@@ -323,6 +322,10 @@ class CompletionIn(OpenAIRequest):
         if self.echo and self.truncate_prompt_tokens is not None:
             raise FieldError(
                 "echo", "echo repeats the prompt as sent: it cannot be combined with truncate_prompt_tokens"
+            )
+        if self.best_of is not None and self.best_of > 1:
+            raise FieldError(
+                "best_of", f"best_of {self.best_of} is not supported: each choice is one sample (ask n samples instead)"
             )
         if self.best_of is not None and self.best_of < self.n:
             raise FieldError("best_of", f"best_of must be at least n (got best_of {self.best_of} and n {self.n})")

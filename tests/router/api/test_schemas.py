@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from radixcluster.protocol import PromptPin
 from radixcluster.router.api.control_schemas import ProfileIn
 from radixcluster.router.api.errors import ApiError, describe_validation_error, parse_json
+from radixcluster.router.api.messages_schemas import MessagesIn
 from radixcluster.router.api.native_schemas import (
     MAX_GENERATIONS,
     MAX_GRAMMAR_CHARS,
@@ -117,6 +118,10 @@ OPENAI = {
         },
         "json_schema",
     ),
+    # OpenAI's range, and vLLM's (SGLang's /generate takes any), and Anthropic's
+    "chat temperature over 2": (ChatCompletionIn, {"messages": CHAT, "temperature": 2.5}, "temperature"),
+    "responses temperature over 2": (ResponsesIn, {"input": "hi", "temperature": 5}, "temperature"),
+    "messages temperature over 1": (MessagesIn, {"messages": CHAT, "max_tokens": 4, "temperature": 1.5}, "temperature"),
     "gateway ids for 2 prompts of a chat": (
         ChatCompletionIn,
         {"messages": CHAT, "gateway_tokens": {"tokenizer": "f", "prompts": ["AQAAAA==", None]}},
@@ -196,6 +201,8 @@ def test_the_limits_themselves_are_accepted() -> None:
     )
     assert len(body.expand()) == MAX_GENERATIONS
     assert CompletionIn.model_validate({"prompt": "hi", "seed": -(2**63)}).sampling().seed == -(2**63)
+    assert CompletionIn.model_validate({"prompt": "hi", "temperature": 2}).sampling().temperature == 2
+    assert GenerateIn.model_validate(sampling(temperature=5)).expand()[0].sampling.temperature == 5
 
 
 def test_union_member_names_stay_out_of_the_message() -> None:
@@ -520,6 +527,7 @@ def test_a_reasoning_effort_reaches_the_template_as_vllm_passes_it() -> None:
         (ChatCompletionIn, {"messages": CHAT, "stream_options": {"include_usage": True}}, "only allowed with stream"),
         (CompletionIn, {"prompt": "hi", "stream": False, "stream_options": {}}, "only allowed with stream"),
         (CompletionIn, {"prompt": "hi", "n": 2, "best_of": 1}, "best_of must be at least n"),
+        (CompletionIn, {"prompt": "hi", "best_of": 3}, "best_of 3 is not supported: each choice is one sample"),
         (
             ChatCompletionIn,
             {"messages": CHAT, "continue_final_message": True, "add_generation_prompt": True},
