@@ -82,8 +82,9 @@ class Generation:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
-            "e2e_latency": self.e2e_latency,
         }
+        if self.finished:  # as SGLang: a stream's earlier chunks have none
+            meta["e2e_latency"] = self.e2e_latency
         if self.return_logprob:
             text = self.token_texts.get
             output_logprobs = self.output_logprobs

@@ -128,6 +128,8 @@ def test_streaming_chunks_are_cumulative_and_end_with_done(server):
         assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    # as SGLang: the latency once, at the end
+    assert chunks[-1]["meta_info"]["e2e_latency"] > 0 and all("e2e_latency" not in c["meta_info"] for c in chunks[:-1])
     whole = generate(server, PROMPT, max_new_tokens=8)
     assert chunks[-1]["output_ids"] == whole["output_ids"]
     assert chunks[-1]["text"] == whole["text"]
