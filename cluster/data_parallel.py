@@ -41,8 +41,27 @@ REPLICA_OWN_FLAGS = (
     "api_key",
     "admin_api_key",
 )
-MAX_RESTARTS = 5  # per replica; a replica that keeps dying ends the whole command
+# exits of one replica in a row (none served STABLE_S before it ended) that end the whole command
+MAX_RESTARTS = 5
+STABLE_S = 60.0
 READY_TIMEOUT_S = 120
+
+
+@dataclass(slots=True)
+class ReplicaExits:
+    """One replica's exits in a row: an exit after it served STABLE_S since its last start is
+    the first of a new row."""
+
+    serving_since: float
+    in_a_row: int = 0
+
+    def exited(self, now: float) -> int:
+        """Count an exit at ``now``; the exits in a row, this one included."""
+        self.in_a_row = 1 if now - self.serving_since >= STABLE_S else self.in_a_row + 1
+        return self.in_a_row
+
+    def back(self, now: float) -> None:
+        self.serving_since = now
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,7 +139,10 @@ class DataParallelLauncher:
         args = self.args
         private = args.ray_address is None
         # before ray is imported: a private instance's settings are read at import
-        ray_cluster.start_ray(args.ray_address, self.runtime_dir, machine_cpus(1).usable, args.node_ip_address)
+        # the replicas' logs (their requests' lines, warnings, tracebacks) are the command's
+        ray_cluster.start_ray(
+            args.ray_address, self.runtime_dir, machine_cpus(1).usable, args.node_ip_address, log_to_driver=True
+        )
         import ray
 
         from radixcluster.gateway.config import GatewayConfig
@@ -187,12 +209,14 @@ class DataParallelLauncher:
             raise RuntimeError(f"the gateway did not see all {replicas} replicas within {READY_TIMEOUT_S} s")
 
     def _supervise(self) -> int:
-        """Restart a replica that exits; end when the gateway does or a replica keeps dying."""
+        """Restart a replica that exits; end when the gateway does or a replica keeps dying: more
+        than MAX_RESTARTS exits in a row, each within STABLE_S of its start (one that served
+        longer starts the count again, as an occasional kill over a long life must not add up)."""
         import ray
 
         watching = {actor.wait.remote(): i for i, actor in enumerate(self.actors)}
         restarting: dict[Any, int] = {}
-        restarts = [0] * len(self.actors)
+        exits = [ReplicaExits(time.monotonic()) for _ in self.actors]
         while not self.stopping.wait(0.5):
             if self.gateway is not None and not self.gateway.is_alive():
                 logger.error("the gateway process exited (code %s); shutting down", self.gateway.exitcode)
@@ -201,16 +225,17 @@ class DataParallelLauncher:
             for ref in done:
                 if ref in watching:
                     i = watching.pop(ref)
-                    restarts[i] += 1
-                    logger.error("replica %d exited (code %s); restart %d", i, ray.get(ref), restarts[i])
-                    if restarts[i] > MAX_RESTARTS:
-                        logger.error("replica %d exited %d times; shutting down", i, restarts[i])
+                    in_a_row = exits[i].exited(time.monotonic())
+                    logger.error("replica %d exited (code %s); restart %d", i, ray.get(ref), in_a_row)
+                    if in_a_row > MAX_RESTARTS:
+                        logger.error("replica %d exited %d times in a row; shutting down", i, in_a_row)
                         return 1
                     restarting[self.actors[i].start.remote()] = i
                 else:
                     i = restarting.pop(ref)
                     try:
                         logger.warning("replica %d is back at %s", i, ray.get(ref))
+                        exits[i].back(time.monotonic())
                     except ray.exceptions.RayTaskError as exc:
                         logger.error("replica %d did not restart: %s", i, exc)
                         return 1

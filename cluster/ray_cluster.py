@@ -97,10 +97,14 @@ def private_ray_env() -> None:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 
 
-def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | None = None) -> None:
+def start_ray(
+    address: str | None, temp_dir: str, num_cpus: int, node_ip: str | None = None, log_to_driver: bool = False
+) -> None:
     """Join ``address`` (as the node ``node_ip`` of this host; Ray's choice when None) or start
     a private local instance (whose node is ``node_ip`` when given); ``stop_workers`` leaves it.
-    The caller's SIGTERM handler stays in place throughout (see ``_signal_handlers_kept``)."""
+    The caller's SIGTERM handler stays in place throughout (see ``_signal_handlers_kept``).
+    ``log_to_driver``: what the actors write to stderr reaches this process's (else only Ray's
+    session logs, which go with the runtime dir)."""
     quiet_ray_env()
     if not address:
         private_ray_env()
@@ -125,7 +129,7 @@ def start_ray(address: str | None, temp_dir: str, num_cpus: int, node_ip: str | 
         ray.init(
             _node_ip_address=node_ip,
             include_dashboard=False,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             logging_level=logging.ERROR,
             **own,
         )

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from radixcluster.data_parallel import REPLICA_OWN_FLAGS, ClusterKeys, cluster_keys, replica_nodes
+from radixcluster.data_parallel import (
+    MAX_RESTARTS,
+    REPLICA_OWN_FLAGS,
+    STABLE_S,
+    ClusterKeys,
+    ReplicaExits,
+    cluster_keys,
+    replica_nodes,
+)
 from radixcluster.ray_cluster import RayPlacementError
 from radixcluster.server_args import ServerArgs, replica_argv
 
@@ -50,3 +58,18 @@ def test_the_commands_own_calls_carry_the_api_key_else_the_admin_key_else_a_fres
     # tenants' keys alone: no client key would do for the gateway's polls, so a key no client holds
     fresh, other = (cluster_keys(ServerArgs(dp_size=2, api_key_file=keys_file)) for _ in range(2))
     assert fresh.api_key == fresh.own and len(fresh.own or "") >= 32 and fresh.own != other.own
+
+
+def test_a_replicas_exits_count_in_a_row_and_a_long_serve_starts_the_count_again():
+    """An occasional exit over a long life never adds up to the limit; quick exits in a row do."""
+    exits = ReplicaExits(serving_since=0.0)
+    t = 0.0
+    for _ in range(3 * MAX_RESTARTS):  # each after an hour of serving: always the first of its row
+        t += 3600
+        assert exits.exited(t) == 1
+        exits.back(t + 10)
+    # the last of those began a row: quick exits after it (never serving long) add up to past the limit
+    quick = [exits.exited(t + 10 + k) for k in range(1, MAX_RESTARTS + 1)]
+    assert quick == list(range(2, MAX_RESTARTS + 2)) and quick[-1] > MAX_RESTARTS
+    exits.back(t + 100)
+    assert exits.exited(t + 100 + STABLE_S) == 1
