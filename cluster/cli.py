@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = _parser(with_bench_args=argv[:1] == ["bench"]).parse_args(argv)
     try:
         if ns.command == "up":
-            from radixcluster.launcher import configure_logging, launch
+            from radixcluster.launcher import launch
+            from radixcluster.log_format import configure_logging
 
             configure_logging(ns.log_level)
             args = server_args_from_namespace(ns)

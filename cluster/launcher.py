@@ -420,14 +420,6 @@ def _dtype_note(plan: Plan) -> str:
     return ", computed in float32 on this CPU: it has no bfloat16 arithmetic"
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def check_tp_size(args: ServerArgs) -> None:
     """Refuses, before anything starts, a --tp-size the model cannot be split into (else each rank
     would fail while loading, behind Ray's traceback)."""

@@ -78,7 +78,8 @@ def quiet_ray_env() -> None:
     (read by the raylet, so it holds for the private instance). No memory monitor: past 95 % of
     the host's memory, whoever holds it, Ray killed the one process it may kill, a rank, and then
     each replacement within a second, until the replica gave up; out of memory is the kernel's
-    to settle, as for any server."""
+    to settle, as for any server. No color codes around the actor's name that prefixes a line it
+    logs to the driver: log collectors read them as text."""
     os.environ.setdefault("RAY_worker_niceness", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -86,6 +87,7 @@ def quiet_ray_env() -> None:
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     os.environ.setdefault("RAY_enable_metrics_collection", "0")
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def private_ray_env() -> None:

@@ -24,6 +24,7 @@ from radixcluster.gateway.prompts import PromptReader
 from radixcluster.gateway.replica_set import ReplicaSet
 from radixcluster.gateway.routes import gateway_routes
 from radixcluster.gateway.routing import ReplicaChooser
+from radixcluster.log_format import configure_logging
 from radixcluster.model_config import load_model_config
 from radixcluster.router.api.auth import BearerAuth, cross_origin
 from radixcluster.router.api.draining import FAIL_FLUSH_S, DrainingServer, RequestDrain
@@ -81,7 +82,7 @@ def create_app(config: GatewayConfig, drain: RequestDrain | None = None) -> ASGI
 def run_gateway(config: GatewayConfig) -> None:
     """Serve the gateway on ``config.host:config.port`` until SIGTERM or SIGINT (requests in
     flight get ``config.shutdown_timeout_s``). Main thread only."""
-    logging.basicConfig(level=getattr(logging, config.log_level.upper()))
+    configure_logging(config.log_level)
     drain = RequestDrain()
     server = DrainingServer(
         uvicorn.Config(

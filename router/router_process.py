@@ -21,6 +21,7 @@ from typing import Any
 
 import zmq
 
+from radixcluster.log_format import configure_logging
 from radixcluster.model_config import load_model_config
 from radixcluster.protocol import (
     AbortRequest,
@@ -480,7 +481,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
     """Entry point of the router process: say RouterReady on ``control``, then serve until the
     launcher says Shutdown or closes it; abort what is left. Group losses are handled here: the
     router's own findings (a rank's failure, the step timeout) and the launcher's (a rank died)."""
-    logging.basicConfig(level=getattr(logging, config.log_level.upper()))
+    configure_logging(config.log_level)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the launcher decides when we stop, after the api drained
     router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)

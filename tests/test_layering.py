@@ -19,6 +19,7 @@ VOCABULARY = (
     "radixcluster.cache_info_fields",
     "radixcluster.gguf_file",
     "radixcluster.cpu_info",
+    "radixcluster.log_format",
 )
 
 
