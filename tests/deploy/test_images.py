@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from radixcluster.server_args import ServerArgs, add_cli_args, server_args_from_namespace
+from radixcluster.server_args import (
+    ADMIN_API_KEY_ENV,
+    API_KEY_ENV,
+    ServerArgs,
+    add_cli_args,
+    server_args_from_namespace,
+)
 from support.chart_checks import REPO
 
 DOCKERFILES = {name: REPO / "deploy" / f"Dockerfile.{name}" for name in ("cpu", "cuda")}
@@ -122,3 +128,6 @@ def test_compose_builds_both_images_and_passes_valid_flags() -> None:
         port = cli_args(json.loads(instruction(dockerfile, "ENTRYPOINT"))[2:] + service["command"]).port
         assert service["ports"] == [f"127.0.0.1:{port}:{port}"]
         assert service["shm_size"]
+        # the keys the file tells to set in the shell reach the container (a shell variable alone
+        # only fills the file's ${...}: the server ran with no key)
+        assert {API_KEY_ENV, ADMIN_API_KEY_ENV} <= set(service["environment"])
