@@ -286,6 +286,18 @@ def test_sigterm_drains_within_the_grace_period(helm: Helm) -> None:
         helm.template(CHART, sets=("server.shutdownTimeout=45",))  # the default 60 s cannot hold it
 
 
+def test_a_gateway_pod_drains_as_a_replica_does(helm: Helm) -> None:
+    """Out of its Service's endpoints before SIGTERM, then the replicas' --shutdown-timeout for
+    its streams, within the same grace period (a gateway rollout lost requests to 503s and, past
+    30 s, its streams to SIGKILL)."""
+    sets = ("server.shutdownTimeout=45", "terminationGracePeriodSeconds=70")
+    docs = helm.template(CHART, (GATEWAY_VALUES,), sets=sets)
+    gateway = component(docs, "Deployment", "gateway")
+    assert container(gateway, "gateway")["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 70
+    assert gateway_config(docs).shutdown_timeout_s == 45
+
+
 def test_the_self_healing_settings_reach_the_server(helm: Helm) -> None:
     """The hung-group watchdog and the restart budget: the server's defaults unless set."""
     defaults = server_args(helm.template(CHART))

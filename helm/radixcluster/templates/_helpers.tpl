@@ -258,6 +258,7 @@ anyone who reaches it). */}}
 - --discover={{ include "radixcluster.replicasServiceName" . }}.{{ .Release.Namespace }}.svc.cluster.local:{{ int .Values.server.port }}
 - --policy={{ $g.policy }}
 - --log-level={{ $g.logLevel }}
+- --shutdown-timeout={{ .Values.server.shutdownTimeout }}
 {{- with (include "radixcluster.modelPath" .) }}
 - --model-path={{ . }}
 {{- end }}
