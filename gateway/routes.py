@@ -65,15 +65,16 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     for path, kind in GENERATION_ROUTES.items():
         router.add_api_route(path, _generation(ctx, path, kind), methods=generation_methods(path))
 
-    @router.get("/health")
-    @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
-    @router.get("/ready")  # SGLang's readiness probe
+    # HEAD too: some load balancers' checks send it
+    @router.api_route("/health", methods=["GET", "HEAD"])
+    @router.api_route("/ping", methods=["GET", "POST", "HEAD"])  # vLLM's name (SageMaker's probe)
+    @router.api_route("/ready", methods=["GET", "HEAD"])  # SGLang's readiness probe
     async def health() -> Response:
         if not any(r.available for r in ctx.replicas.list()):
             return error_response(503, "unhealthy: no replica is available")
         return Response(status_code=200)
 
-    @router.get("/health_generate")
+    @router.api_route("/health_generate", methods=["GET", "HEAD"])
     async def health_generate() -> Response:
         replica = available(ctx)[0]
         try:

@@ -80,9 +80,10 @@ def native_routes(ctx: ApiContext) -> APIRouter:
         results = [gen.native() for gen in await collect(request, streams)]
         return JsonResponse(results if as_list else results[0])
 
-    @router.get("/health")
-    @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's name (SageMaker's probe)
-    @router.get("/ready")  # SGLang's readiness probe
+    # HEAD too: some load balancers' checks send it
+    @router.api_route("/health", methods=["GET", "HEAD"])
+    @router.api_route("/ping", methods=["GET", "POST", "HEAD"])  # vLLM's name (SageMaker's probe)
+    @router.api_route("/ready", methods=["GET", "HEAD"])  # SGLang's readiness probe
     async def health() -> Response:
         # 503 with the reason while the router is unreachable or has no TP group (one is replaced)
         try:
@@ -91,7 +92,7 @@ def native_routes(ctx: ApiContext) -> APIRouter:
             return error_response(503, f"unhealthy: {exc}")
         return Response(status_code=200)
 
-    @router.get("/health_generate")
+    @router.api_route("/health_generate", methods=["GET", "HEAD"])
     async def health_generate() -> Response:
         # a router that finished a step lately is generating: no probe (a full queue would make
         # it wait, or refuse it)

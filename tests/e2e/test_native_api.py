@@ -184,6 +184,9 @@ def test_zero_new_tokens_only_prefills(server):
 def test_health_info_and_models(server):
     assert requests.get(server.url + "/health", timeout=TIMEOUT_S).status_code == 200
     assert get(server, "/health_generate").status_code == 200
+    for path in ("/health", "/ready", "/ping", "/health_generate"):  # a load balancer's HEAD check
+        head = requests.head(server.url + path, headers=server.headers(), timeout=TIMEOUT_S)
+        assert head.status_code == 200 and head.content == b"", path
     info = get(server, "/get_server_info").json()
     assert info["served_model_name"] and info["version"]
     models = get(server, "/v1/models").json()["data"]

@@ -62,6 +62,7 @@ def test_without_an_available_replica_requests_get_503_and_health_fails(client) 
     assert "no replica is available" in error(client.post("/tokenize", json={"prompt": "hi"}), 503)
     assert "no replica is available" in error(client.get("/model_info"), 503)
     assert error(client.get("/health"), 503).startswith("unhealthy")
+    assert client.head("/ready").status_code == client.head("/health_generate").status_code == 503
     (replica,) = client.get("/replicas").json()["replicas"]
     assert replica["available"] is False
 
