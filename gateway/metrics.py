@@ -127,6 +127,9 @@ class GatewayMetrics:
 
     def render(self, replicas: Iterable[Replica], replica_texts: dict[str, str]) -> bytes:
         """Prometheus text: the gateway's metrics, its view of each replica, each replica's own."""
+        replicas = list(replicas)
+        for replica in replicas:
+            self.retries.labels(replica.url)  # 0 until the first: a dashboard's rate reads "no data" otherwise
         scrape = CollectorRegistry()
         scrape.register(_ReplicaState(replicas))
         scrape.register(_Relabelled(replica_texts))

@@ -281,6 +281,8 @@ class ApiMetrics:
             ["reason"],
             registry=self.registry,
         )
+        for reason in REJECTION_REASONS.values():  # each at 0 from the start, as dashboards read rates
+            self.rejected_requests.labels(reason=reason)
 
     def count_rejection(self, status: int) -> None:
         """Count an error answer under its reason, when it refused a request."""

@@ -31,6 +31,8 @@ def test_one_scrape_sees_the_gateway_and_every_replica() -> None:
     assert got[("radixcluster_gateway_requests_total", (("replica", "http://a"),))] == 3
     assert got[("radixcluster_gateway_predictions_total", (("outcome", "evicted"),))] == 1
     assert got[("radixcluster_gateway_predictions_total", (("outcome", "exact"),))] == 0
+    # counters the dashboard rates read 0 before their first event, not "no data"
+    assert got[("radixcluster_gateway_retries_total", (("replica", "http://b"),))] == 0
     assert got[("radixcluster_gateway_replica_available", (("replica", "http://a"),))] == 1
     assert got[("radixcluster_gateway_replica_available", (("replica", "http://b"),))] == 0
     assert got[("radixcluster_gateway_inflight_requests", (("replica", "http://a"),))] == 2
@@ -38,4 +40,5 @@ def test_one_scrape_sees_the_gateway_and_every_replica() -> None:
         assert got[("radixcluster_cached_tokens_total", (("replica", url),))] == 640
         assert got[("radixcluster_num_running_reqs", (("replica", url),))] == 2
         assert ("radixcluster_time_to_first_token_seconds_count", (("replica", url),)) in got
+        assert got[("radixcluster_rejected_requests_total", (("reason", "queue_full"), ("replica", url)))] == 0
         assert got[("sglang:num_running_reqs", (("model_name", "m"), ("replica", url)))] == 2
