@@ -103,7 +103,8 @@ class ResponseView:
     def response(self, gen: Generation | None, answer: Answer | None = None) -> dict[str, Any]:
         """The response after ``gen`` (None: nothing yet); ``answer``: a finished one's."""
         body, status = self.body, self.status(gen)
-        format_ = body.text.format.model_dump(by_alias=True) if body.text and body.text.format else {"type": "text"}
+        asked = body.text.format if body.text and body.text.format else None
+        format_ = asked.model_dump(by_alias=True, exclude_none=True) if asked is not None else {"type": "text"}
         output, usage = (
             ([], None) if gen is None or answer is None else (self.items(gen, answer), self.usage(gen, answer))
         )

@@ -140,6 +140,9 @@ class TextFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
+    # echoed in the response as given (OpenAI's); the schema is enforced whatever ``strict`` says
+    description: str | None = None
+    strict: bool | None = None
 
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:

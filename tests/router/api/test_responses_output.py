@@ -53,3 +53,13 @@ def test_a_message_item_holds_text_or_stands_for_an_empty_answer() -> None:
     cut = view.response(finished("<think>Hmm", "length"), Answer.of(READER.message("<think>Hmm"), 3))
     assert cut["status"] == "incomplete" and [item["type"] for item in cut["output"]] == ["reasoning"]
     assert cut["output"][0]["status"] == "incomplete"
+
+
+def test_the_text_format_is_echoed_as_the_client_gave_it() -> None:
+    """OpenAI's response echoes ``text.format`` whole: its name, schema, description and strict."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "A", "schema": schema, "description": "one int", "strict": True}
+    body = ResponsesIn.model_validate({"input": "Hi", "text": {"format": fmt}})
+    assert ResponseView(body, "m", READER).response(None)["text"] == {"format": fmt}
+    plain = ResponsesIn.model_validate({"input": "Hi"})
+    assert ResponseView(plain, "m", READER).response(None)["text"] == {"format": {"type": "text"}}
