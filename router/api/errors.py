@@ -87,6 +87,10 @@ def error_body(status: int, message: str, param: str | None = None, path: str = 
 
 def error_response(status: int, message: str, param: str | None = None, path: str = "") -> JsonResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    if status == 504:
+        # the request's own deadline passed: the OpenAI and Anthropic SDKs retry any 5xx unless
+        # told not to, which would run it again from the start each time
+        headers = {"x-should-retry": "false"}
     return JsonResponse(error_body(status, message, param, path), status_code=status, headers=headers)
 
 

@@ -90,6 +90,12 @@ def test_generate_takes_put_as_sglangs_does(server):
     assert put.status_code == 200 and put.json()["text"] == post(server, "/generate", body).json()["text"]
 
 
+def test_a_passed_deadline_tells_sdks_not_to_retry(server):
+    """The OpenAI and Anthropic SDKs retry a 5xx unless told not to: each retry would run it again."""
+    late = post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "deadline_s": 1e-9})
+    assert late.status_code == 504 and late.headers["x-should-retry"] == "false", late.text
+
+
 def test_single_prompt_with_n_returns_a_list(server):
     results = post(
         server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}
