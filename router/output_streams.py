@@ -26,6 +26,7 @@ class _Stream:
     stops: StopChecker
     regexes: RegexStopChecker
     prompt_text: str | None
+    skip_special: bool = True  # the text leaves special tokens out
     token_texts: bool = False  # logprob entries carry token text
     prompt_ids: bool = False  # the next output carries the prompt's ids (once)
     text: str = ""  # everything emitted so far
@@ -36,12 +37,40 @@ class _Stream:
     # until its stream interval's tokens are in
     held: RequestOutput | None = None
 
+    @property
+    def armed(self) -> bool:
+        """Whether a stop may end it: not before min_new_tokens, as in SGLang and vLLM."""
+        return len(self.request.output_ids) >= self.request.sampling.min_new_tokens
+
     def feed(self, delta: str) -> tuple[str, bool]:
-        """Text to emit and whether a stop string or stop regex ended it (neither can before
-        min_new_tokens, as in SGLang and vLLM)."""
-        armed = len(self.request.output_ids) >= self.request.sampling.min_new_tokens
-        text, stopped = self.stops.feed(delta, armed)
-        return (text, True) if stopped else self.regexes.feed(text, armed)
+        """Text to emit and whether a stop string or stop regex ended it."""
+        text, stopped = self.stops.feed(delta, self.armed)
+        return (text, True) if stopped else self.regexes.feed(text, self.armed)
+
+    def advance(self, tokenizer: Tokenizer) -> tuple[str, bool]:
+        """Text to emit for the new ids and whether a stop ended it. A special token the text
+        skips still ends it on a stop string it spells (``<|im_end|>``), as SGLang matches stop
+        strings on the ids' text with special tokens spelled; what was held back goes out first."""
+        ids = self.new_ids()
+        hit = self._special_stop(ids, tokenizer) if self.skip_special and self.armed else None
+        if hit is None:
+            return self.feed(self.detok.add(ids))
+        index, stop = hit
+        text, stopped = self.feed(self.detok.add(ids[:index]))
+        if not stopped:
+            text += self.flush()
+            self.stops.end(stop)
+        return text, True
+
+    def _special_stop(self, ids: list[int], tokenizer: Tokenizer) -> tuple[int, str] | None:
+        """The first of ``ids`` that is a special token spelling a stop string, and that string."""
+        for index, token in enumerate(ids):
+            if self.stops.stops and tokenizer.is_special(token):
+                spelled = tokenizer.decode([token], skip_special_tokens=False)
+                stop = next((s for s in self.stops.stops if s in spelled), None)
+                if stop is not None:
+                    return index, stop
+        return None
 
     def new_ids(self) -> list[int]:
         """The ids whose text is still to come: its new ids, less the stop token that ended it
@@ -81,6 +110,7 @@ class OutputStreams:
             stops=StopChecker(s.stop, s.no_stop_trim),
             regexes=RegexStopChecker(s.stop_regex),
             prompt_text=prompt_text,
+            skip_special=s.skip_special_tokens,
             token_texts=msg.return_text_in_logprobs,
             prompt_ids=msg.return_prompt_ids,
         )
@@ -114,7 +144,7 @@ class OutputStreams:
             if stream is None:
                 continue
             try:
-                text, stopped = stream.feed(stream.detok.add(stream.new_ids()))
+                text, stopped = stream.advance(self.tokenizer)
                 if req.finished and not stopped:
                     text += stream.flush()
             except StopRegexTimeout as exc:

@@ -99,6 +99,10 @@ class StopChecker:
         self._held = text[len(text) - hold :] if hold else ""
         return text[: len(text) - hold], False
 
+    def end(self, stop: str) -> None:
+        """Stopped on ``stop`` found outside the text fed (a special token the text skips)."""
+        self.stopped, self.matched, self._held = True, stop, ""
+
     def flush(self) -> str:
         """The held tail, when the request ends without a stop string."""
         held, self._held = self._held, ""

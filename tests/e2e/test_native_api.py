@@ -96,6 +96,19 @@ def test_a_passed_deadline_tells_sdks_not_to_retry(server):
     assert late.status_code == 504 and late.headers["x-should-retry"] == "false", late.text
 
 
+def test_a_stop_string_spelled_by_a_skipped_special_token_still_stops(server):
+    """As SGLang matches stop strings (on the text with special tokens spelled): a frontend's
+    end-of-turn stop ends an answer generated with ignore_eos, though the text leaves it out."""
+    chat = "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n"
+    free = generate(server, chat, 40, sampling_params={"ignore_eos": True})
+    assert 2 in free["output_ids"]  # <|im_end|>, which ignore_eos passes over
+    stopped = generate(server, chat, 40, sampling_params={"ignore_eos": True, "stop": ["<|im_end|>"]})
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": "<|im_end|>"}
+    end = free["output_ids"].index(2)
+    assert stopped["output_ids"] == free["output_ids"][: end + 1]
+    assert stopped["text"] == generate(server, chat, end, sampling_params={"ignore_eos": True})["text"]
+
+
 def test_single_prompt_with_n_returns_a_list(server):
     results = post(
         server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "n": 3, "seed": 7}}
