@@ -123,15 +123,14 @@ class RequestIntake:
         if ids.size == 0:
             raise RequestRejected("the prompt is empty: at least one token is needed")
         self._check_ids(ids, "input_ids")
-        if ids.size >= self.context_length:
+        if ids.size >= self.room_tokens:
             # Anthropic's wording, which Claude Code reads to know how much of a conversation to compact
             raise RequestRejected(
-                f"prompt is too long: {ids.size} tokens > {self.context_length - 1} maximum (this model's "
-                f"context length is {self.context_length}; prompt + output must fit)"
+                f"prompt is too long: {ids.size} tokens > {self.room_tokens - 1} maximum ({self._room()})"
             )
         if sampling.max_new_tokens_is_default or self.auto_truncate:
             # a limit the client did not set (or any, with auto-truncation) gives way to the room the prompt leaves
-            room = min(self.context_length, self.pool_tokens) - int(ids.size)
+            room = self.room_tokens - int(ids.size)
             if 0 < room < sampling.max_new_tokens:
                 sampling = dataclasses.replace(sampling, max_new_tokens=room)
         self._check_fits(int(ids.size), sampling.max_new_tokens, sampling.max_new_tokens_name)
@@ -175,15 +174,28 @@ class RequestIntake:
             if ids.size > limit and any(pin.messages is not None for pin in msg.pins):
                 raise RequestRejected("truncate_prompt_tokens cuts the chat's beginning, where cache_control pins it")
             ids = ids[ids.size - limit :] if limit < ids.size else ids
-        if self.auto_truncate and ids.size >= self.context_length:
+        if self.auto_truncate and ids.size >= self.room_tokens:
             logger.warning(
-                "a prompt of %d tokens is longer than this model's context of %d tokens: its first %d are kept",
+                "a prompt of %d tokens leaves no room (%s): its first %d are kept",
                 ids.size,
-                self.context_length,
-                self.context_length - 1,
+                self._room(),
+                self.room_tokens - 1,
             )
-            ids = ids[: self.context_length - 1]
+            ids = ids[: self.room_tokens - 1]
         return ids
+
+    @property
+    def room_tokens(self) -> int:
+        """The most tokens one request's prompt + output may hold: the context's, or the KV
+        pool's where it is smaller (it may be, sized from memory: SGLang caps prompts by both)."""
+        return min(self.context_length, self.pool_tokens)
+
+    def _room(self) -> str:
+        """What bounds a request's tokens, for a refusal's message."""
+        context = f"this model's context length is {self.context_length}"
+        if self.pool_tokens < self.context_length:
+            return f"{context}, and the KV pool holds {self.pool_tokens} tokens; prompt + output must fit"
+        return f"{context}; prompt + output must fit"
 
     def _pin_prefix(self, msg: GenerateRequest, pin: PromptPin, ids: np.ndarray) -> np.ndarray:
         """The token ids a pin names: the whole prompt, or its chat's first ``pin.messages``

@@ -153,7 +153,7 @@ def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_
     with caplog.at_level("WARNING"):
         truncated, _ = intake.make_request(request)
     assert truncated.prompt_ids.tolist() == ids[:63] and truncated.sampling.max_new_tokens == 1
-    assert "a prompt of 100 tokens is longer than this model's context of 64 tokens" in caplog.text
+    assert "a prompt of 100 tokens leaves no room (this model's context length is 64" in caplog.text
     # a prompt that fits keeps its tokens; its limit is lowered to the room, not refused
     fitting, _ = intake.make_request(dataclasses.replace(request, input_ids=ids[:40]))
     assert fitting.prompt_ids.tolist() == ids[:40] and fitting.sampling.max_new_tokens == 24
@@ -162,6 +162,22 @@ def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_
     for ids_ in (ids, ids[:40]):
         with pytest.raises(RequestRejected):
             strict.make_request(dataclasses.replace(request, input_ids=ids_))
+
+
+def test_a_pool_smaller_than_the_context_bounds_prompts_as_the_context_would(model_path) -> None:
+    """As SGLang caps prompts by both: a prompt the pool cannot hold is "too long" (the words
+    Claude Code reads to compact), not a limit to lower; auto-truncation cuts it to the pool."""
+    ids = list(range(100, 200))
+    small = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=2048, pool_tokens=64)
+    request = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=16), input_ids=ids)
+    with pytest.raises(
+        RequestRejected, match=r"prompt is too long: 100 tokens > 63 maximum \(.*KV pool holds 64"
+    ) as refused:
+        small.make_request(request)
+    assert refused.value.param is None
+    truncating = RequestIntake(load_tokenizer(model_path), VOCAB, 2048, pool_tokens=64, auto_truncate=True)
+    cut, _ = truncating.make_request(request)
+    assert cut.prompt_ids.tolist() == ids[:63] and cut.sampling.max_new_tokens == 1
 
 
 def test_the_memos_ids_are_used_only_where_the_encoder_cuts_the_text_too(model_path) -> None:
