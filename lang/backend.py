@@ -93,6 +93,10 @@ class RuntimeEndpoint:
                         raise ServerError(int(event["error"].get("code", 500)), str(event["error"]["message"]), url)
                     yield event
 
+    def cache_prefix(self, prefix_str: str) -> dict[str, Any]:
+        """SGLang's name: ``warm(prefix_str)``."""
+        return self.warm(prefix_str)
+
     def warm(self, text: str | None = None, input_ids: list[int] | None = None, **fields: Any) -> dict[str, Any]:
         """``POST /cache/warm``: compute a prefix (``text`` as /generate tokenizes it, or
         ``input_ids``) into the server's radix cache without generating, so the requests that

@@ -84,7 +84,8 @@ def _end(role: str, trace: Trace, run: Run) -> None:
     if trace.role != role:
         inside = f"inside the {trace.role} message" if trace.role else "with no message open"
         raise ValueError(f"{role}_end() {inside}: end the {role} message its {role}_begin() started")
-    trace.messages.append({"role": role, "content": trace.text[trace.role_start :]})
+    # as SGLang's frontend lists them: the content without the whitespace it starts with
+    trace.messages.append({"role": role, "content": trace.text[trace.role_start :].lstrip()})
     trace.text += run.backend.chat_template.role_suffix[role]
     trace.role = None
 

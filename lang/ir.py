@@ -45,8 +45,9 @@ class Select(Expr):
     choices: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not self.choices or not all(isinstance(c, str) and c for c in self.choices):
-            raise ValueError("select needs a non-empty list of non-empty strings as choices")
+        # an empty choice is scored too (its score: the prefix's last token's), as SGLang's
+        if not self.choices or not all(isinstance(c, str) for c in self.choices):
+            raise ValueError("select needs a non-empty list of strings as choices")
 
 
 @dataclass(slots=True, frozen=True)

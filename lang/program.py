@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
@@ -46,10 +46,15 @@ class SglFunction:
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
-        functools.update_wrapper(self, func)  # type: ignore[arg-type]  # typeshed expects a function
+        functools.update_wrapper(self, func)
 
     def run(
-        self, *args: Any, backend: RuntimeEndpoint | None = None, stream: bool = False, **kwargs: Any
+        self,
+        *args: Any,
+        backend: RuntimeEndpoint | None = None,
+        stream: bool = False,
+        use_thread: bool = True,
+        **kwargs: Any,
     ) -> ProgramState:
         """Run the program to completion; the state holds its text and variables. A server
         error raises here (ServerError, with the server's message).
@@ -57,7 +62,8 @@ class SglFunction:
         As in SGLang, the sampling keywords (``max_new_tokens``, ``temperature``, ``stop``, ...,
         ``run.SAMPLING_DEFAULTS``) and the logprob fields set every gen's defaults; the other
         keywords are the program's. ``stream=True`` returns at once: the program runs on, its
-        gens stream, and ``state.text_iter()`` yields the text as it arrives."""
+        gens stream, and ``state.text_iter()`` yields the text as it arrives. ``use_thread`` is
+        SGLang's and changes nothing: a state's appends always run on its own thread here."""
         run = start_run(_resolve(backend), kwargs, stream)
         state = ProgramState(run)
         if stream:
@@ -67,30 +73,51 @@ class SglFunction:
         state.sync()
         return state
 
+    __call__ = run  # SGLang's ``program(...)``: a run
+
+    def _batch_item(self, backend: RuntimeEndpoint, kwargs: dict[str, Any]) -> ProgramState:
+        """One run of a batch: a failure is kept in its state (``state.error()``), as SGLang's
+        run_batch keeps it, so one bad program loses none of the others' results."""
+        state = ProgramState(start_run(backend, kwargs))
+        try:
+            self.func(state, **kwargs)
+            state.sync()
+        except Exception as exc:
+            state.fail(exc)
+        return state
+
     def run_batch(
         self,
         batch_kwargs: list[dict[str, Any]],
         backend: RuntimeEndpoint | None = None,
         num_threads: int | str | None = None,
         progress_bar: bool = False,
+        generator_style: bool = False,
         **defaults: Any,
-    ) -> list[ProgramState]:
-        """Run the program once per keyword-argument dict, concurrently; states in input order.
+    ) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run the program once per keyword-argument dict, concurrently; states in input order,
+        each failed one holding its error (``state.error()``) where SGLang's holds it.
         ``defaults``: the sampling keywords of ``run``, for every run; ``num_threads`` "auto"
-        (SGLang's default) or None: one thread per program, at most 64."""
+        (SGLang's default) or None: one thread per program, at most 64; ``generator_style``
+        (SGLang's): the states as an iterator, each as soon as it and those before it are done."""
         backend = _resolve(backend)
-        if not batch_kwargs:
-            return []
         if num_threads == "auto" or num_threads is None:
-            num_threads = min(len(batch_kwargs), MAX_BATCH_THREADS)
+            num_threads = min(len(batch_kwargs), MAX_BATCH_THREADS) or 1
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f'num_threads must be a positive int or "auto", got {num_threads!r}')
+        states = self._batch(backend, [{**defaults, **kwargs} for kwargs in batch_kwargs], num_threads, progress_bar)
+        return states if generator_style else list(states)
+
+    def _batch(
+        self, backend: RuntimeEndpoint, batch: list[dict[str, Any]], num_threads: int, progress_bar: bool
+    ) -> Iterator[ProgramState]:
         with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="radixcluster-batch") as pool:
-            futures = [pool.submit(self.run, backend=backend, **{**defaults, **kwargs}) for kwargs in batch_kwargs]
+            futures = [pool.submit(self._batch_item, backend, kwargs) for kwargs in batch]
             if progress_bar:
                 for _ in tqdm(as_completed(futures), total=len(futures)):
                     pass
-            return [future.result() for future in futures]
+            for future in futures:
+                yield future.result()
 
 
 def function(func: Callable[..., Any]) -> SglFunction:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from radixcluster.lang.backend import RuntimeEndpoint
 from radixcluster.lang.interpreter import execute, prefill
-from radixcluster.lang.ir import Expr
+from radixcluster.lang.ir import Expr, ExprLike, Role, RoleMark
 from radixcluster.lang.run import Run
 from radixcluster.lang.trace import Trace
 
@@ -51,6 +52,53 @@ class ProgramState:
             return self._trace.variables[name]
         except KeyError:
             raise KeyError(f"no variable {name!r}; this program has {sorted(self._trace.variables)}") from None
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        """Set variable ``name`` after what was appended before (SGLang's ``set_var``)."""
+        self._submit(lambda: self._trace.assign(name, value, {}))
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self._trace.variables
+
+    get_var = __getitem__
+    set_var = __setitem__
+
+    def error(self) -> BaseException | None:
+        """What ended the program early (a run_batch item's, kept in its state), else None;
+        reading its text or variables raises it."""
+        try:
+            self.sync()
+        except Exception as exc:
+            return exc
+        return None
+
+    def fail(self, exc: BaseException) -> None:
+        """End the program with ``exc`` (the first error stays)."""
+        self._error = self._error or exc
+
+    def system(self, expr: ExprLike | None = None) -> AbstractContextManager[None] | None:
+        """SGLang's ``s.system(expr)``: append a system message; without ``expr``, a context
+        (``with s.system(): s += ...``) whose appends make up the message."""
+        return self._role("system", expr)
+
+    def user(self, expr: ExprLike | None = None) -> AbstractContextManager[None] | None:
+        return self._role("user", expr)
+
+    def assistant(self, expr: ExprLike | None = None) -> AbstractContextManager[None] | None:
+        return self._role("assistant", expr)
+
+    def _role(self, role: str, expr: ExprLike | None) -> AbstractContextManager[None] | None:
+        if expr is None:
+            return self._marked(role)
+        self += Role(role, expr)
+        return None
+
+    @contextmanager
+    def _marked(self, role: str) -> Iterator[None]:
+        self += RoleMark(role, True)
+        yield
+        self += RoleMark(role, False)
 
     @property
     def backend(self) -> RuntimeEndpoint:
@@ -104,7 +152,7 @@ class ProgramState:
         self.sync()
         return self._run.log.cache_hit_info()
 
-    def fork(self, n: int) -> ForkGroup:
+    def fork(self, n: int = 1) -> ForkGroup:
         """``n`` copies of this state that continue independently and concurrently. The shared
         text is first sent alone (prefill only) so every branch finds it cached."""
         if n < 1:
@@ -201,9 +249,15 @@ class ForkGroup(list):
         super().__init__(forks)
         self.parent = parent
 
-    def __iadd__(self, expr: str | Expr) -> ForkGroup:  # type: ignore[override, misc]  # SGLang's `forks += expr`
-        for fork in self:
-            fork += expr
+    def __iadd__(  # type: ignore[override, misc]  # SGLang's `forks += expr`
+        self, expr: ExprLike | list[ExprLike] | Callable[[int], ExprLike]
+    ) -> ForkGroup:
+        """The same ``expr`` to each branch; or, as SGLang's, a list of one per branch, or a
+        function of the branch's index."""
+        if isinstance(expr, list) and len(expr) != len(self):
+            raise ValueError(f"a list appended to {len(self)} forks needs {len(self)} items, got {len(expr)}")
+        for i, fork in enumerate(self):
+            fork += expr[i] if isinstance(expr, list) else expr(i) if callable(expr) else expr
         return self
 
     def join(self, mode: str = "gather_variable") -> None:

@@ -122,6 +122,64 @@ def test_run_batch_returns_states_in_input_order(backend):
         assert state.get_meta_info("answer")["completion_tokens"] >= 1
 
 
+def test_a_failed_program_in_a_batch_keeps_its_error_and_loses_no_other_result(backend):
+    """As SGLang's run_batch: every state comes back, the failed one holding its error."""
+    batch = [{"a": 1, "b": 2}, {"a": 3, "b": 4}, {"a": 5, "b": 6}]
+    states = arithmetic.run_batch(batch, backend=backend, temperature=0, top_k=0)  # top_k 0: a 400
+    assert all(isinstance(state.error(), sgl.ServerError) for state in states)
+    mixed = [*batch, {"a": "x", "b": 1, "top_k": 0}]
+    *good, bad = arithmetic.run_batch(mixed, backend=backend)
+    assert [state.error() for state in good] == [None] * 3 and all(state["answer"] for state in good)
+    assert isinstance(bad.error(), sgl.ServerError) and bad.error().status == 400
+    with pytest.raises(sgl.ServerError):
+        bad.text()
+    streamed = arithmetic.run_batch(batch, backend=backend, generator_style=True)
+    assert not isinstance(streamed, list) and [s["answer"] for s in streamed] == [s["answer"] for s in good]
+
+
+@sgl.function
+def sglang_spellings(s):
+    """SGLang's other spellings of the same program: role contexts, variables set by hand,
+    a fork's per-branch appends (a list, or a function of the branch)."""
+    with s.system():
+        s += "Answer in one word."
+    with s.user():
+        s += "  Name a colour."
+    s.assistant(sgl.gen("colour", max_tokens=3))
+    s["tag"] = "set by hand"
+    forks = s.fork(2)
+    forks += [" Red:", " Blue:"]
+    forks += lambda i: sgl.gen("word", max_tokens=2, stop=str(i))
+    forks.join()
+
+
+def test_sglangs_other_spellings_run_as_sglangs_frontend_runs_them(backend):
+    state = sglang_spellings(backend=backend, temperature=0)  # calling a program runs it
+    plain = sgl.function(
+        lambda s: [
+            s.__iadd__(sgl.system("Answer in one word.")),
+            s.__iadd__(sgl.user("  Name a colour.")),
+            s.__iadd__(sgl.assistant(sgl.gen("colour", max_tokens=3))),
+        ]
+    ).run(backend=backend, temperature=0)
+    assert state["colour"] == plain["colour"]
+    assert state.messages()[:2] == [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Name a colour."},  # SGLang lists a message without its leading space
+    ]
+    assert state.get_var("tag") == "set by hand" and "tag" in state and "nothing" not in state
+    assert len(state["word"]) == 2 and state.fork(1)  # a fork of one branch by default
+
+
+def test_an_empty_choice_is_scored_too(backend):
+    @sgl.function
+    def negation(s):
+        s += "The sky is" + sgl.select("neg", choices=["", " not"]) + " blue."
+
+    state = negation.run(backend=backend)
+    assert state["neg"] in ("", " not") and len(state.get_meta_info("neg")["normalized_prompt_logprobs"]) == 2
+
+
 def test_server_error_surfaces_with_its_message(backend):
     @sgl.function
     def bad(s):
