@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import regex
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 from radixcluster.router.api.field_error import FieldError
@@ -41,8 +50,23 @@ Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
 Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
 # token id (a JSON key, so a string of digits) -> what is added to its logit; OpenAI's range,
 # wide enough to force or ban a token (logits lie within a few tens)
+
+
+def _integer_keys(value: Any) -> Any:
+    """A logit_bias's keys as vLLM reads them (Python's int(): "12", " 12", "012"); "12.0",
+    which a lax parse would read as 12, is refused as vLLM refuses it."""
+    for key in value if isinstance(value, dict) else ():
+        try:
+            int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys are token ids (integers), got {key!r}") from None
+    return value
+
+
 LogitBias = Annotated[
-    dict[TokenId, Annotated[float, Field(ge=-100, le=100)]] | None, Field(max_length=MAX_LOGIT_BIASES)
+    dict[TokenId, Annotated[float, Field(ge=-100, le=100)]] | None,
+    Field(max_length=MAX_LOGIT_BIASES),
+    BeforeValidator(_integer_keys),
 ]
 
 # Fields of SGLang's SamplingParams and GenerateReqInput that change what a request does and

@@ -118,6 +118,7 @@ OPENAI = {
         },
         "json_schema",
     ),
+    "completion logit_bias keyed by a float": (CompletionIn, {"prompt": "hi", "logit_bias": {"12.0": 5}}, "integers"),
     # OpenAI's range, and vLLM's (SGLang's /generate takes any), and Anthropic's
     "chat temperature over 2": (ChatCompletionIn, {"messages": CHAT, "temperature": 2.5}, "temperature"),
     "responses temperature over 2": (ResponsesIn, {"input": "hi", "temperature": 5}, "temperature"),
@@ -202,6 +203,11 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert len(body.expand()) == MAX_GENERATIONS
     assert CompletionIn.model_validate({"prompt": "hi", "seed": -(2**63)}).sampling().seed == -(2**63)
     assert CompletionIn.model_validate({"prompt": "hi", "temperature": 2}).sampling().temperature == 2
+    spaced = {" 12": 1.0, "013": -1.0}  # as vLLM's int() reads them
+    assert CompletionIn.model_validate({"prompt": "hi", "logit_bias": spaced}).sampling().logit_bias == {
+        12: 1.0,
+        13: -1.0,
+    }
     assert GenerateIn.model_validate(sampling(temperature=5)).expand()[0].sampling.temperature == 5
 
 
@@ -446,7 +452,7 @@ def test_a_logit_bias_maps_token_ids_to_what_is_added_to_their_logits() -> None:
     native = SamplingParamsIn.model_validate({"logit_bias": {"5": 1.5}})
     assert native.to_protocol().logit_bias == {5: 1.5}
     for bad, why in (
-        ({"the": 1}, "valid integer"),
+        ({"the": 1}, "keys are token ids (integers)"),
         ({"-1": 1}, "greater than or equal to 0"),
         ({"28": 101}, "less than or equal to 100"),
         ({str(i): 1 for i in range(1025)}, "at most 1024 items"),
