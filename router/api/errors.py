@@ -294,7 +294,9 @@ def _routing_message(exc: StarletteHTTPException, method: str, path: str) -> str
         return f"{method} {path}: no such endpoint on this server"
     allowed = (exc.headers or {}).get("Allow")
     if exc.status_code == 405 and allowed:
-        return f"{method} {path}: not allowed; this endpoint takes {allowed}"
+        # Starlette lists a route's methods in a set's order, which changes from run to run
+        methods = ", ".join(sorted(m.strip() for m in allowed.split(",")))
+        return f"{method} {path}: not allowed; this endpoint takes {methods}"
     return str(exc.detail)
 
 

@@ -251,7 +251,7 @@ def test_unknown_path_and_wrong_method(server):
     missing = requests.post(server.url + "/v1/embeddings", json={}, headers=server.headers(), timeout=TIMEOUT_S)
     assert_error(missing, 404, "POST /v1/embeddings: no such endpoint on this server")
     wrong = requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S)
-    assert_error(wrong, 405, "GET /generate: not allowed; this endpoint takes POST")
+    assert_error(wrong, 405, "GET /generate: not allowed; this endpoint takes POST, PUT")
 
 
 def test_duplicate_request_ids(server, still_serves):
