@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -43,23 +44,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.read_timeout_s = read_timeout_s
-        self.send_timeout_s = send_timeout_s
-        self._unread: asyncio.TimerHandle | None = None  # armed while the client reads nothing
+        self._unread = _Timer(self.loop, send_timeout_s, self._reader_gone)  # while the client reads nothing
         self._in_head = True  # the next bytes begin a request
         self._head_ended = False  # during one data_received
         self._head_bytes = 0
         self._receiving = False  # a request has begun and not yet ended
-        self._stall: asyncio.TimerHandle | None = None
+        self._stall = _Timer(self.loop, read_timeout_s, self._stalled)  # while a request's bytes are awaited
         self._refused = False
         self._running: Any = None  # the request whose app runs (a RequestResponseCycle)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._await_bytes()
+        self._stall.start()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_waiting()
-        self._stop_unread()
+        self._stall.stop()
+        self._unread.stop()
         running = self._running
         super().connection_lost(exc)
         # uvicorn tells only ``self.cycle``, the newest request: with one pipelined behind it,
@@ -71,21 +71,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         """The transport's buffer is full: the client reads slower than the answer comes."""
         super().pause_writing()
-        if self._unread is None:
-            self._unread = self.loop.call_later(self.send_timeout_s, self._reader_gone)
+        if not self._unread.pending:
+            self._unread.start()
 
     def resume_writing(self) -> None:
-        self._stop_unread()
+        self._unread.stop()
         super().resume_writing()
-
-    def _stop_unread(self) -> None:
-        if self._unread is not None:
-            self._unread.cancel()
-            self._unread = None
 
     def _reader_gone(self) -> None:
         """Nothing read for send_timeout_s: closed, so the app sees a disconnect."""
-        self._unread = None
         if not self.transport.is_closing():
             self.transport.abort()
 
@@ -108,9 +102,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # (or the end of a head) is a single read, so the bound holds within two reads
             self._head_bytes = 0
         if self._receiving:
-            self._await_bytes()
+            self._stall.start()
         else:
-            self._stop_waiting()  # the app's turn; uvicorn's keep-alive timeout follows the answer
+            self._stall.stop()  # the app's turn; uvicorn's keep-alive timeout follows the answer
 
     def on_message_begin(self) -> None:
         self._receiving = True
@@ -136,17 +130,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         return cycle is not None and self._receiving and cycle.more_body and not cycle.response_started
 
-    def _await_bytes(self) -> None:
-        self._stop_waiting()
-        self._stall = self.loop.call_later(self.read_timeout_s, self._stalled)
-
-    def _stop_waiting(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-
     def _stalled(self) -> None:
-        self._stall = None
         if self.transport.is_closing():
             return
         cycle = self.cycle
@@ -154,7 +138,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.flow.read_paused or answering:
             # the wait is ours (the app has not read the body it holds, or still answers an
             # earlier request), not the client's
-            self._await_bytes()
+            self._stall.start()
             return
         if not self._receiving:
             # no request begun: closed without an answer (as nginx and uvicorn's keep-alive close
@@ -181,10 +165,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
         self._refused = True
-        self._stop_waiting()
+        self._stall.stop()
         if cycle is not None:
             cycle.disconnected = True
             cycle.message_event.set()
         self.transport.write(head.encode() + body)
         self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
+
+
+class _Timer:
+    """One pending call of ``callback`` ``delay_s`` after ``start`` (a new start replaces it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, delay_s: float, callback: Callable[[], None]) -> None:
+        self._loop, self._delay_s, self._callback = loop, delay_s, callback
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._handle is not None
+
+    def start(self) -> None:
+        self.stop()
+        self._handle = self._loop.call_later(self._delay_s, self._fire)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._callback()
