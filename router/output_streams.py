@@ -11,7 +11,7 @@ import numpy as np
 
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.request import Request
-from radixcluster.router.text.detokenizer import IncrementalDetokenizer, StopChecker
+from radixcluster.router.text.detokenizer import INCOMPLETE, IncrementalDetokenizer, StopChecker
 from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.stop_regex import RegexStopChecker, StopRegexTimeout
 from radixcluster.router.text.tokenizer import Tokenizer
@@ -44,15 +44,16 @@ class _Stream:
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Text to emit and whether a stop string or stop regex ended it."""
-        text, stopped = self.stops.feed(delta, self.armed)
-        return (text, True) if stopped else self.regexes.feed(text, self.armed)
+        armed = self.armed
+        text, stopped = self.stops.feed(delta, armed)
+        return (text, True) if stopped else self.regexes.feed(text, armed)
 
     def advance(self, tokenizer: Tokenizer) -> tuple[str, bool]:
         """Text to emit for the new ids and whether a stop ended it. A special token the text
         skips still ends it on a stop string it spells (``<|im_end|>``), as SGLang matches stop
         strings on the ids' text with special tokens spelled; what was held back goes out first."""
         ids = self.new_ids()
-        hit = self._special_stop(ids, tokenizer) if self.skip_special and self.armed else None
+        hit = self._special_stop(ids, tokenizer) if self.skip_special and self.stops.stops and self.armed else None
         if hit is None:
             return self.feed(self.detok.add(ids))
         index, stop = hit
@@ -65,7 +66,7 @@ class _Stream:
     def _special_stop(self, ids: list[int], tokenizer: Tokenizer) -> tuple[int, str] | None:
         """The first of ``ids`` that is a special token spelling a stop string, and that string."""
         for index, token in enumerate(ids):
-            if self.stops.stops and tokenizer.is_special(token):
+            if tokenizer.is_special(token):
                 spelled = tokenizer.decode([token], skip_special_tokens=False)
                 stop = next((s for s in self.stops.stops if s in spelled), None)
                 if stop is not None:
@@ -188,7 +189,7 @@ class OutputStreams:
             texts = self._token_texts(_entry_ids(new_input, out.input_top_logprobs, new_logprobs))
             out.token_texts.update(texts)
             out.partial_bytes.update(
-                {t: list(self.tokenizer.token_bytes(t)) for t, text in texts.items() if "\ufffd" in text}
+                {t: list(self.tokenizer.token_bytes(t)) for t, text in texts.items() if INCOMPLETE in text}
             )
         if stream.prompt_ids:
             out.prompt_ids = req.prompt_ids.tolist()
