@@ -21,14 +21,19 @@ SUPPORTED_HF_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
 }
-SUPPORTED_GGUF_ARCHITECTURES = {"llama", "qwen2"}
+# each with the Hugging Face class its checkpoints convert from
+SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """The Llama-family shape. ``family`` is ``llama`` or ``qwen2`` (QKV bias)."""
+    """The Llama-family shape. ``family`` is ``llama`` or ``qwen2`` (QKV bias);
+    ``model_type`` and ``architectures`` are the checkpoint's own names, which SGLang's
+    /model_info reports."""
 
     family: str
+    model_type: str
+    architectures: tuple[str, ...]
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -112,6 +117,8 @@ def _from_hf_dir(path: Path) -> ModelConfig:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     return ModelConfig(
         family=family,
+        model_type=cfg.get("model_type", family),
+        architectures=tuple(archs),
         hidden_size=cfg["hidden_size"],
         num_layers=cfg["num_hidden_layers"],
         num_heads=num_heads,
@@ -165,6 +172,8 @@ def _from_gguf(path: Path) -> ModelConfig:
         rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
     return ModelConfig(
         family=arch,
+        model_type=arch,
+        architectures=(SUPPORTED_GGUF_ARCHITECTURES[arch],),
         hidden_size=hidden,
         num_layers=int(get("block_count")),
         num_heads=num_heads,

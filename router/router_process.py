@@ -117,6 +117,7 @@ class Router:
         self.config = config
         self.tree_events = tree_events
         model_config = load_model_config(config.model_path)
+        self.model_names = {"model_type": model_config.model_type, "architectures": list(model_config.architectures)}
         self.tokenizer = load_tokenizer(config.tokenizer_path or config.model_path, config.chat_template)
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -437,6 +438,7 @@ class Router:
             "model_path": str(c.model_path),
             "tokenizer_path": str(self.tokenizer.path),
             "served_model_name": c.served_model_name,
+            **self.model_names,
             "tp_size": c.tp_size,
             "page_size": c.page_size,
             "context_length": c.context_length,

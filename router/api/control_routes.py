@@ -59,6 +59,8 @@ def control_routes(ctx: ApiContext) -> APIRouter:
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "weight_version": WEIGHT_VERSION,
+            "model_type": info["model_type"],
+            "architectures": info["architectures"],
         }
 
     @router.get("/weight_version")

@@ -52,3 +52,10 @@ def test_up_refuses_a_tp_size_the_model_cannot_split_before_starting_anything() 
         "its 3 KV heads do not split evenly over 8 ranks (sizes that fit: 1, 3)"
     )
     assert done.stdout == ""
+
+
+def test_a_gguf_and_its_hugging_face_directory_name_the_same_architecture(model_path: Path, hf_model_dir: Path) -> None:
+    # SGLang's /model_info reports these names; a GGUF file's are its converter's source class
+    gguf, hf = load_model_config(model_path), load_model_config(hf_model_dir)
+    assert (gguf.model_type, gguf.architectures) == ("llama", ("LlamaForCausalLM",))
+    assert (hf.model_type, hf.architectures) == ("llama", ("LlamaForCausalLM",))

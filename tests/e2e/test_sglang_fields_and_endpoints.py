@@ -103,6 +103,7 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
     assert get(server, "/model_info").json() == info
     assert info["model_path"].endswith(".gguf") and info["is_generation"] is True
     assert info["tokenizer_path"] == info["model_path"]
+    assert (info["model_type"], info["architectures"]) == ("llama", ["LlamaForCausalLM"])
     # SGLang's label of the weights, which RL trainers read
     assert info["weight_version"] == "default" == get(server, "/get_weight_version").json()["weight_version"]
     assert get(server, "/weight_version").json() == {"weight_version": "default"}
