@@ -133,10 +133,15 @@ def fits_context(items: Any, info: ValidationInfo, what: str = "items") -> Any:
     return items
 
 
+def is_prompt_batch(prompts: Any) -> bool:
+    """Whether a prompt field holds several prompts (texts or token-id lists), not one."""
+    return isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (list, str))
+
+
 def prompts_fit_context(prompts: Any, info: ValidationInfo) -> Any:
     """A prompt, or a batch of prompts (each a text or token ids): a batch no longer than one
     request may generate from, and token ids that fit the context."""
-    if not isinstance(prompts, list) or not prompts or not isinstance(prompts[0], (list, str)):
+    if not is_prompt_batch(prompts):
         return fits_context(prompts, info, "token ids")
     if len(prompts) > MAX_GENERATIONS:
         raise ValueError(f"{len(prompts)} prompts; at most {MAX_GENERATIONS} generations per request")

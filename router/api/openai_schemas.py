@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from radixcluster.protocol import INT32_MAX, PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
@@ -26,6 +26,7 @@ from radixcluster.router.api.native_schemas import (
     drop_unsupported,
     fits_context,
     id_prompts,
+    is_prompt_batch,
     prompts_fit_context,
 )
 from radixcluster.router.api.tool_calls import (
@@ -298,6 +299,16 @@ class OpenAIRequest(BaseModel):
         return SamplingParamsIn.model_validate(params)
 
 
+def _last_ids(prompt: Any, keep: int) -> Any:
+    """Each token-id prompt of ``prompt`` (one, or a batch) cut to its last ``keep`` ids; texts
+    are cut by the router, once tokenized."""
+    if not isinstance(prompt, list):
+        return prompt
+    if is_prompt_batch(prompt):
+        return [ids[-keep:] if isinstance(ids, list) else ids for ids in prompt]
+    return prompt[-keep:]
+
+
 class CompletionIn(OpenAIRequest):
     """``POST /v1/completions``."""
 
@@ -309,7 +320,16 @@ class CompletionIn(OpenAIRequest):
     echo: bool = False
     best_of: int | None = Field(None, ge=1)  # one sample per choice: only 1 (bench_serving sends it)
 
-    _prompts_fit = field_validator("prompt", mode="before")(prompts_fit_context)
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompts_fit(cls, prompt: Any, info: ValidationInfo) -> Any:
+        """Token-id prompts cut to their last ``truncate_prompt_tokens`` (an earlier field)
+        before they are counted, as vLLM cuts them: one longer than the context still serves."""
+        keep, context = info.data.get("truncate_prompt_tokens"), (info.context or {}).get("context_length")
+        keep = context if keep == -1 else keep
+        if keep is not None and keep > 0 and (context is None or keep <= context):
+            prompt = _last_ids(prompt, keep)
+        return prompts_fit_context(prompt, info)
 
     @model_validator(mode="after")
     def _check(self) -> CompletionIn:

@@ -44,6 +44,15 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens(server):
     assert_error(post(server, "/v1/completions", {**body, "prompt": "hi", "truncate_prompt_tokens": 10**6}), 400)
 
 
+def test_truncate_prompt_tokens_serves_token_ids_longer_than_the_context(server):
+    # vLLM cuts a token-id prompt before checking it against the context (8,192 here)
+    long_ids = (prompt_ids(server, LONG_TEXT) * 30)[:9000]
+    body = {"model": "any", "max_tokens": 4, "temperature": 0, "return_token_ids": True, "truncate_prompt_tokens": 12}
+    cut = post(server, "/v1/completions", {**body, "prompt": [long_ids, long_ids[:100]]}).json()
+    assert [choice["prompt_token_ids"] for choice in cut["choices"]] == [long_ids[-12:], long_ids[88:100]]
+    assert_error(post(server, "/v1/completions", {**body, "prompt": long_ids, "truncate_prompt_tokens": None}), 400)
+
+
 def test_auto_truncation_keeps_the_beginning_and_lowers_the_limit(truncating):
     ids = prompt_ids(truncating, LONG_TEXT)
     assert len(ids) > CONTEXT

@@ -341,6 +341,17 @@ def test_truncate_prompt_tokens_is_minus_one_or_more_and_not_echoed() -> None:
     assert "echo" in refusal(CompletionIn, {"prompt": "hi", "truncate_prompt_tokens": 8, "echo": True})
 
 
+def test_token_ids_are_cut_by_truncate_prompt_tokens_before_the_context_counts_them() -> None:
+    def prompt(body: dict) -> object:
+        return CompletionIn.model_validate(body, context={"context_length": 3}).prompt
+
+    assert prompt({"prompt": [1, 2, 3, 4, 5], "truncate_prompt_tokens": 2}) == [4, 5]
+    assert prompt({"prompt": [[1, 2, 3, 4, 5], [6]], "truncate_prompt_tokens": -1}) == [[3, 4, 5], [6]]
+    assert prompt({"prompt": ["a long text", "b"], "truncate_prompt_tokens": 1}) == ["a long text", "b"]
+    with pytest.raises(ValidationError, match="5 token ids"):
+        prompt({"prompt": [1, 2, 3, 4, 5]})
+
+
 def test_add_generation_prompt_false_goes_with_continue_final_message_as_vllm_sends_them() -> None:
     assert "continue_final_message only" in refusal(
         ChatCompletionIn, {"messages": CHAT, "add_generation_prompt": False}
