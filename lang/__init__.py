@@ -4,6 +4,11 @@ from importlib.metadata import version
 
 from radixcluster.lang.backend import RuntimeEndpoint, ServerError
 from radixcluster.lang.chat_template import ChatTemplate, get_chat_template
+from radixcluster.lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from radixcluster.lang.ir import (
     assistant,
     assistant_begin,
@@ -41,12 +46,15 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_chat_template",
+    "greedy_token_selection",
     "get_server_info",
     "select",
     "set_default_backend",
     "system",
     "system_begin",
     "system_end",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
     "user",
     "user_begin",
     "user_end",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixcluster.lang.choices import mean, scored
 from radixcluster.lang.ir import Concat, Expr, Gen, Role, RoleMark, Select
 from radixcluster.lang.run import Run
 from radixcluster.lang.trace import Trace
@@ -107,8 +108,9 @@ def _gen(expr: Gen, trace: Trace, run: Run) -> None:
 
 
 def _select(expr: Select, trace: Trace, run: Run) -> None:
-    """Score every choice in one batched request and append the best, as SGLang's frontend
-    scores them (its default ``token_length_normalized``), so a program picks what it picks.
+    """Score every choice in one batched request and append the one ``expr.method`` picks
+    (SGLang's ``choices_method``), as SGLang's frontend scores them, so a program picks what it
+    picks there.
 
     The prefix-only request tells us its token count P (and caches it). Each prefix+choice is
     scored from position P-2, as SGLang asks (a choice's first token may merge with the
@@ -127,19 +129,24 @@ def _select(expr: Select, trace: Trace, run: Run) -> None:
         },
         run,
     )
-    scored = [answer["meta_info"]["input_token_logprobs"] for answer in answers]
-    normalized = [_mean([entry[0] for entry in entries if entry[0] is not None]) for entries in scored]
-    best = max(range(len(normalized)), key=normalized.__getitem__)
-    trace.text += expr.choices[best]
-    meta = {
-        "choices": list(expr.choices),
-        "normalized_prompt_logprobs": normalized,
-        "input_token_logprobs": scored,
-        "output_token_logprobs": [answer["meta_info"]["output_token_logprobs"] for answer in answers],
-    }
-    trace.assign(expr.name, expr.choices[best], meta)
-
-
-def _mean(values: list[float]) -> float:
-    # Only a choice merged into a one-token prompt has no scored token: it cannot be ranked.
-    return sum(values) / len(values) if values else float("-inf")
+    inputs = [answer["meta_info"]["input_token_logprobs"] for answer in answers]
+    unconditional = None
+    if expr.method.requires_unconditional_logprobs:
+        # the same tokens with nothing before them
+        alone = {
+            "input_ids": [[entry[1] for entry in entries] for entries in inputs],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "logprob_start_len": 0,
+        }
+        unconditional = [answer["meta_info"]["input_token_logprobs"] for answer in _generate(alone, run)]
+    decision = expr.method(
+        choices=list(expr.choices),
+        normalized_prompt_logprobs=[mean(scored(entries)) for entries in inputs],
+        input_token_logprobs=inputs,
+        output_token_logprobs=[answer["meta_info"]["output_token_logprobs"] for answer in answers],
+        unconditional_token_logprobs=unconditional,
+    )
+    trace.text += decision.decision
+    trace.assign(expr.name, decision.decision, {"choices": list(expr.choices), **decision.meta_info})

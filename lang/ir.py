@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixcluster.lang.choices import ChoicesSamplingMethod, token_length_normalized
+
 
 class Expr:
     """Base of the expressions; ``a + b`` concatenates (``"Q: " + gen("a")``)."""
@@ -39,10 +41,12 @@ class Gen(Expr):
 
 @dataclass(slots=True, frozen=True)
 class Select(Expr):
-    """Pick the choice the model finds most likely (mean logprob per token, as SGLang scores it)."""
+    """Pick the choice the model finds most likely, by ``method`` (SGLang's default: the mean
+    logprob per token)."""
 
     name: str | None
     choices: tuple[str, ...]
+    method: ChoicesSamplingMethod = token_length_normalized
 
     def __post_init__(self) -> None:
         # an empty choice is scored too (its score: the prefix's last token's), as SGLang's
@@ -102,13 +106,14 @@ def gen(
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
     choices: list[str] | None = None,
+    choices_method: ChoicesSamplingMethod | None = None,
 ) -> Gen | Select:
     """Generate into ``name``; unset parameters take the run's defaults, else the server's. With
-    ``choices`` this is ``select(name, choices)``. ``json_schema`` may be a dict or its JSON text.
+    ``choices`` this is ``select(name, choices, choices_method=...)``. ``json_schema`` may be a dict or its JSON text.
     With ``return_logprob`` the gen's meta info holds the server's logprob fields. ``dtype``
     (int, float, str, bool or their names) constrains the answer by a regex instead of ``regex``."""
     if choices is not None:
-        return select(name, choices)
+        return select(name, choices, choices_method=choices_method or token_length_normalized)
     if isinstance(json_schema, dict):
         json_schema = json.dumps(json_schema)
     if dtype is not None:
@@ -158,9 +163,18 @@ def gen_string(name: str | None = None, **params: Any) -> Gen | Select:
     return gen(name, dtype=str, **params)
 
 
-def select(name: str | None = None, choices: list[str] | None = None) -> Select:
-    """Append the most likely of ``choices`` and store it in ``name``."""
-    return Select(name, tuple(choices or ()))
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesSamplingMethod = token_length_normalized,
+) -> Select:
+    """Append the most likely of ``choices`` by ``choices_method`` and store it in ``name``.
+    Choices are scored, not sampled: ``temperature`` is SGLang's parameter, which its server
+    backend also takes only as 0."""
+    if temperature > 1e-5:
+        raise ValueError(f"select scores its choices by their logprobs: temperature must be 0, got {temperature}")
+    return Select(name, tuple(choices or ()), choices_method)
 
 
 def system(content: ExprLike = "") -> Role:

@@ -109,6 +109,31 @@ def test_select_picks_the_highest_normalized_logprob(server, backend, tokenizer)
 
 
 @sgl.function
+def yes_no_by(s, question, method):
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", choices=["Yes", "No", "Maybe not"], choices_method=method))
+
+
+def test_select_by_greedy_tokens_and_by_unconditional_likelihood(backend, server):
+    question = "Is the sky blue? Answer yes or no."
+    greedy = yes_no_by.run(question, sgl.greedy_token_selection, backend=backend).get_meta_info("answer")
+    rows = [[entry[0] for entry in entries[1:]] for entries in greedy["input_token_logprobs"]]
+    assert [row[: len(r)] for row, r in zip(greedy["greedy_logprob_matrix"], rows)] == rows
+    state = yes_no_by.run(question, sgl.unconditional_likelihood_normalized, backend=backend)
+    meta = state.get_meta_info("answer")
+    # each choice's tokens scored again with nothing before them, as a client would ask
+    for entries, alone in zip(meta["input_token_logprobs"], meta["unconditional_token_logprobs"]):
+        body = {"input_ids": [entry[1] for entry in entries], "sampling_params": {"max_new_tokens": 0}}
+        again = requests.post(
+            f"{server.url}/generate", json={**body, "return_logprob": True, "logprob_start_len": 0}, timeout=TIMEOUT_S
+        ).json()["meta_info"]["input_token_logprobs"]
+        assert [entry[1] for entry in alone] == [entry[1] for entry in again] and alone[0][0] is again[0][0] is None
+        assert [entry[0] for entry in alone[1:]] == pytest.approx([entry[0] for entry in again[1:]], abs=1e-4)
+    gains = meta["normalized_unconditional_prompt_logprobs"]
+    assert state["answer"] == meta["choices"][max(range(3), key=gains.__getitem__)]
+
+
+@sgl.function
 def arithmetic(s, a, b):
     s += f"Question: what is {a} plus {b}?\nAnswer:" + sgl.gen("answer", max_tokens=4, temperature=0)
 
