@@ -164,6 +164,24 @@ class ProgramState:
         self._forks.extend(forks)
         return ForkGroup(self, forks)
 
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        """SGLang's ``with s.copy() as c:``: one fork, joined back (its variables gathered)
+        when the block ends."""
+        forks = self.fork(1)
+        try:
+            yield forks[0]
+        finally:
+            forks.join()
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        """SGLang's ``with s.var_scope("x"):``: ``x`` becomes the text appended inside the block."""
+        start: list[int] = []
+        self._submit(lambda: start.append(len(self._trace.text)))
+        yield
+        self._submit(lambda: self._trace.assign(name, self._trace.text[start[0] :], {}))
+
     def join(self, forks: Iterable[ProgramState], mode: str = "gather_variable") -> None:
         """Bring the forks' results back, in order: each variable they set becomes the list of
         their values (``gather_variable``), or their new text is appended (``concate_and_append``)."""

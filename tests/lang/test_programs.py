@@ -134,6 +134,22 @@ def test_select_by_greedy_tokens_and_by_unconditional_likelihood(backend, server
 
 
 @sgl.function
+def scoped(s):
+    s += "Q: name a color.\n"
+    with s.var_scope("answer"):
+        s += "A:" + sgl.gen("color", max_tokens=3, temperature=0)
+    with s.copy() as aside:
+        aside += " Another:" + sgl.gen("other", max_tokens=3, temperature=0)
+
+
+def test_var_scope_holds_the_blocks_text_and_a_copy_is_joined_back(backend):
+    state = scoped.run(backend=backend)
+    assert state["answer"] == "A:" + state["color"] and state.text() == "Q: name a color.\n" + state["answer"]
+    # as SGLang's copy: one fork, its variables gathered into the parent as lists
+    assert isinstance(state["other"], list) and len(state["other"]) == 1 and state["other"][0]
+
+
+@sgl.function
 def arithmetic(s, a, b):
     s += f"Question: what is {a} plus {b}?\nAnswer:" + sgl.gen("answer", max_tokens=4, temperature=0)
 
