@@ -15,8 +15,15 @@ SUMMED_FIELDS = (
     "evictable_tokens",
     "protected_tokens",
     "pinned_tokens",
+    "free_pages",
+    "num_pages",
 )
 RATE_FIELDS = ("hit_rate", "token_hit_rate", "shared_prefix_length_avg")
+
+
+def token_usage(free_pages: int, num_pages: int) -> float:
+    """The pool's share that holds tokens, evictable ones included (0.0 for no pool)."""
+    return 1.0 - free_pages / num_pages if num_pages else 0.0
 
 
 def cache_rates(

@@ -1,13 +1,14 @@
 """The gateway's ``/cache_info``: the replicas' answers merged into one, as if one cache held
-them all: the counters summed (the rates recomputed from the sums), every pin listed with the
-replica that holds it, each tenant's counters summed over the replicas."""
+them all: the counters and pool pages summed (the rates and the pool's usage recomputed from
+the sums), every pin listed with the replica that holds it, each tenant's counters summed over
+the replicas."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
-from radixcluster.cache_info_fields import SUMMED_FIELDS, cache_rates
+from radixcluster.cache_info_fields import SUMMED_FIELDS, cache_rates, token_usage
 
 
 def merged_cache_info(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -18,6 +19,10 @@ def merged_cache_info(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
             total["total_requests"], total["cache_hits"], total["prompt_tokens_total"], total["cached_tokens_total"]
         )
     )
+    total["token_usage"] = token_usage(total["free_pages"], total["num_pages"])
+    # the replicas' page size when they share one (they do when started alike), else null
+    page_sizes = {info.get("page_size") for info in infos.values()}
+    total["page_size"] = page_sizes.pop() if len(page_sizes) == 1 else None
     total["pins"] = [{**pin, "replica": url} for url, info in infos.items() for pin in info.get("pins", [])]
     tenants: dict[str, Counter[str]] = {}
     for info in infos.values():

@@ -67,11 +67,15 @@ def gateway_cache_routes(ctx: GatewayContext) -> APIRouter:
         return await _ask_named(ctx, replica, f"/cache/tree?{query}", headers)
 
     @router.get("/cache_info", response_model=None)
-    async def cache_info(replica: str | None = Query(None, description=REPLICA_HELP)) -> Response | dict[str, Any]:
-        """One replica's, or the replicas' merged, each replica's own and the gateway's predictions."""
+    async def cache_info(
+        request: Request, replica: str | None = Query(None, description=REPLICA_HELP)
+    ) -> Response | dict[str, Any]:
+        """One replica's, or the replicas' merged, each replica's own and the gateway's
+        predictions; asked with the client's key, so that a tenant sees its own tenant's only."""
+        headers = ctx.replicas.client_headers(request.headers)
         if replica is not None:
-            return await _ask_named(ctx, replica, "/cache_info", ctx.replicas.headers)
-        answers = await each(ctx, "GET", "/cache_info")
+            return await _ask_named(ctx, replica, "/cache_info", headers)
+        answers = await each(ctx, "GET", "/cache_info", headers=headers)
         infos = {url: a.json() for url, a in answers.items() if isinstance(a, Answer) and a.status == 200}
         return {**merged_cache_info(infos), "replicas": infos, "gateway": ctx.forwarder.ledger.summary()}
 

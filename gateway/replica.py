@@ -86,11 +86,13 @@ class Replica:
 
     def poll_passed(self) -> None:
         """It answered a health poll: traffic may come back (an open circuit closes once its
-        cool-down is over)."""
+        cool-down is over), and once it does, the outage's error is no longer its state."""
         self.healthy = True
         self.answered_at = time.monotonic()
         if self.breaker.may_probe(self.answered_at):
             self.breaker.success()
+        if self.available:
+            self.last_error = None
 
     def poll_slow(self) -> None:
         """A poll timed out: alive but busy; no new traffic once it has not answered for ``STALL_S``."""

@@ -135,6 +135,8 @@ class ReplicaSet:
                     load = await self.get_json(replica, "/load")
                     if not replica.healthy:
                         await self._join(replica)
+                        if replica.last_error is not None:
+                            logger.warning("replica %s is back", replica.url)
                     replica.load.polled(load["prefilling_tokens"] + load["waiting_tokens"])
                     replica.poll_passed()
                     behind_at = self._check_events(replica, load, behind_at)

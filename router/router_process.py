@@ -340,7 +340,7 @@ class Router:
             message = "Cache flushed." if ok else "Cache not flushed: requests are running or waiting."
             return ControlResponse(msg.cid, {"success": ok, "message": message})
         if msg.kind == "cache_info":
-            return ControlResponse(msg.cid, self.scheduler.cache_info())
+            return ControlResponse(msg.cid, self.scheduler.cache_info(msg.args.get("tenant")))
         if msg.kind == "stats":
             return ControlResponse(msg.cid, self._stats())
         if msg.kind == "server_info":

@@ -417,7 +417,11 @@ class Scheduler:
             entry["cached_tokens"] = self.tree.namespace_tokens(tenant_namespace(name))
         return stats
 
-    def cache_info(self) -> dict[str, Any]:
-        """The radix-cache part of ``stats()`` and the pins, for /cache_info."""
+    def cache_info(self, tenant: str | None = None) -> dict[str, Any]:
+        """The radix-cache part of ``stats()`` and the pins, for /cache_info; asked for a
+        ``tenant``, only its own entry of ``tenants`` and its own pins (the totals name nobody)."""
         info = {k: v for k, v in self.stats().items() if k in CACHE_INFO_KEYS}
-        return {**info, "pins": self.cache.pins.describe(time.monotonic())}
+        pins = self.cache.pins.describe(time.monotonic(), None if tenant is None else tenant_namespace(tenant))
+        if tenant is not None:
+            info["tenants"] = {name: v for name, v in info["tenants"].items() if name == tenant}
+        return {**info, "pins": pins}

@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from radixcluster.cache_info_fields import RATE_FIELDS, SUMMED_FIELDS, cache_rates
+from radixcluster.cache_info_fields import RATE_FIELDS, SUMMED_FIELDS, cache_rates, token_usage
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.radix_tree import check
 from radixcluster.router.request import Request
 
 # what /cache_info shows of the stats (beside the pins)
-CACHE_INFO_KEYS = (*SUMMED_FIELDS, *RATE_FIELDS, "free_pages", "num_pages", "token_usage", "page_size", "tenants")
+CACHE_INFO_KEYS = (*SUMMED_FIELDS, *RATE_FIELDS, "token_usage", "page_size", "tenants")
 
 
 @dataclass(slots=True)
@@ -61,7 +61,7 @@ class SchedulerStats:
             "free_pages": alloc.num_free,
             "num_pages": alloc.num_pages,
             "page_size": cache.page_size,
-            "token_usage": 1.0 - alloc.num_free / alloc.num_pages,
+            "token_usage": token_usage(alloc.num_free, alloc.num_pages),
             "running_requests": running,
             "waiting_requests": waiting,
             "prefilling_tokens": prefilling_tokens,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from radixcluster import __version__
 from radixcluster.protocol import GenerateRequest, SamplingParams
+from radixcluster.router.api.auth import current_tenant
 from radixcluster.router.api.context import ApiContext
 from radixcluster.router.api.errors import ApiError, error_response
 from radixcluster.router.api.generation import (
@@ -145,7 +146,8 @@ def native_routes(ctx: ApiContext) -> APIRouter:
 
     @router.get("/cache_info")
     async def cache_info() -> dict[str, Any]:
-        return await ctx.client.control("cache_info")
+        """The cache's counters and pins; a tenant's key sees its own tenant's only."""
+        return await ctx.client.control("cache_info", {"tenant": current_tenant.get()})
 
     @router.get("/metrics")
     async def metrics() -> Response:

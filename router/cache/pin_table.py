@@ -118,8 +118,10 @@ class PinTable:
         """``id`` of every node a pin protects (the pinned nodes and their ancestors)."""
         return {id(n) for pin in self._pins.values() for n in self.tree.path(pin.node)}
 
-    def describe(self, now: float) -> list[dict]:
-        return [p.describe(now) for p in sorted(self._pins.values(), key=lambda p: p.expires_at)]
+    def describe(self, now: float, namespace: str | None = None) -> list[dict]:
+        """Every pin, soonest to end first; with ``namespace``, those whose salt starts with it."""
+        pins = sorted(self._pins.values(), key=lambda p: p.expires_at)
+        return [p.describe(now) for p in pins if namespace is None or p.key[0].startswith(namespace)]
 
     def _union_tokens(self, nodes: list[TreeNode]) -> int:
         seen: dict[int, int] = {}

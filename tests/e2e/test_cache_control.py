@@ -288,6 +288,16 @@ def test_the_admin_pins_and_evicts_inside_a_tenants_namespace_by_naming_it(serve
     assert as_tenant(server, "ka", question)["cached_tokens"] == tokens  # alpha's namespace
     assert as_tenant(server, "kb", question)["cached_tokens"] == 0
     assert cached(server, question) == 0  # the admin's own namespace holds nothing of it
+    # each tenant's /cache_info shows its own pins and counters only; the admin's, everyone's
+    seen = {
+        key: requests.get(
+            f"{server.url}/cache_info", headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT_S
+        ).json()
+        for key in ("ka", "kb")
+    }
+    assert [pin["tokens"] for pin in seen["ka"]["pins"]] == [tokens] and seen["kb"]["pins"] == []
+    assert set(seen["ka"]["tenants"]) == {"alpha"} and set(seen["kb"]["tenants"]) == {"beta"}
+    assert {"alpha", "beta"} <= set(admin(server, "GET", "/cache_info", {}).json()["tenants"])
     flood(server)
     assert as_tenant(server, "ka", question)["cached_tokens"] >= tokens  # the pin held through the flood
     assert admin(server, "POST", "/cache/pin", {**body, "tenant": "delta"}).status_code == 400

@@ -1,5 +1,5 @@
-"""The gateway's /cache_info merges its replicas' answers (sums, rates from the sums, pins with
-their replica, tenants summed), and a replica named by URL or index is found."""
+"""The gateway's /cache_info merges its replicas' answers (sums, pools included, rates from the
+sums, pins with their replica, tenants summed), and a replica named by URL or index is found."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from radixcluster.gateway.context import named
 from radixcluster.router.api.errors import ApiError
 
 
-def info(requests: int, hits: int, prompt: int, cached: int, pins: list[dict], tenants: dict) -> dict:
+def info(
+    requests: int, hits: int, prompt: int, cached: int, pins: list[dict], tenants: dict, free_pages: int = 75
+) -> dict:
     return {
         "total_requests": requests,
         "cache_hits": hits,
@@ -19,7 +21,9 @@ def info(requests: int, hits: int, prompt: int, cached: int, pins: list[dict], t
         "pinned_tokens": sum(p["tokens"] for p in pins),
         "pins": pins,
         "tenants": tenants,
-        "num_pages": 100,  # one replica's pool: not summed
+        "num_pages": 100,
+        "free_pages": free_pages,
+        "page_size": 16,
     }
 
 
@@ -29,7 +33,7 @@ def test_counters_sum_rates_follow_pins_are_listed_and_tenants_summed() -> None:
     merged = merged_cache_info(
         {
             "http://a": info(4, 2, 200, 64, [pin], {"alpha": alpha}),
-            "http://b": info(6, 1, 300, 36, [], {"alpha": alpha, "beta": {**alpha, "requests": 1}}),
+            "http://b": info(6, 1, 300, 36, [], {"alpha": alpha, "beta": {**alpha, "requests": 1}}, free_pages=25),
         }
     )
     assert (merged["total_requests"], merged["cache_hits"], merged["pinned_tokens"]) == (10, 3, 32)
@@ -40,9 +44,15 @@ def test_counters_sum_rates_follow_pins_are_listed_and_tenants_summed() -> None:
         "alpha": {"requests": 4, "prompt_tokens_total": 160, "cached_tokens_total": 64},
         "beta": {"requests": 1, "prompt_tokens_total": 80, "cached_tokens_total": 32},
     }
-    assert "num_pages" not in merged
+    # the pools add up as the counters do
+    assert (merged["num_pages"], merged["free_pages"], merged["token_usage"], merged["page_size"]) == (
+        200,
+        100,
+        0.5,
+        16,
+    )
     empty = merged_cache_info({})
-    assert (empty["hit_rate"], empty["pins"], empty["tenants"]) == (0.0, [], {})
+    assert (empty["hit_rate"], empty["pins"], empty["tenants"], empty["token_usage"]) == (0.0, [], {}, 0.0)
 
 
 def test_a_replica_is_named_by_url_or_index_and_must_be_available(make_replica) -> None:

@@ -1,5 +1,5 @@
 """Replica: failed requests open its circuit, a health poll after the cool-down closes it; a
-replica that is down loses its view; its events address names a host the gateway reaches."""
+replica that is down loses its view, and once back its error;  its events address names a host the gateway reaches."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ def test_the_circuit_opens_after_failures_in_a_row_and_a_poll_closes_it_after_th
     replica.request_failed("HTTP 503")
     assert not replica.available and replica.breaker.is_open
     replica.poll_passed()  # too early: still cooling down
-    assert not replica.available
+    assert not replica.available and replica.last_error == "HTTP 503"  # why it is out
     time.sleep(0.25)
     replica.poll_passed()
-    assert replica.available
+    assert replica.available and replica.last_error is None
 
 
 def test_a_failed_poll_takes_the_replica_out_and_forgets_its_cache() -> None:
@@ -35,6 +35,8 @@ def test_a_failed_poll_takes_the_replica_out_and_forgets_its_cache() -> None:
     replica.poll_failed("ClientConnectorError: refused")
     assert not replica.available and not replica.view.synced and replica.view.cached == set()
     assert replica.describe()["last_error"] == "ClientConnectorError: refused"
+    replica.poll_passed()  # it came back: the outage is not its state any more
+    assert replica.available and replica.describe()["last_error"] is None
 
 
 def test_a_slow_poll_keeps_a_busy_replica_in() -> None:
