@@ -17,6 +17,8 @@ from radixcluster.protocol import FLOAT32_MAX, SamplingBatch
 _MASK64 = (1 << 64) - 1
 # argmax_rows splits each row into blocks of the first of these sizes that divides it
 _ARGMAX_BLOCKS = (512, 256, 128, 64)
+# the logprob a top-K list shows for a token the grammar forbids
+MASKED_LOGPROB = -9999.0
 
 
 @dataclass(slots=True)
@@ -43,18 +45,20 @@ def sample(
     same seed at the same position gives the same token whatever else is in the batch; other
     rows use torch's global generator.
 
-    Logprobs are those of the original distribution: log_softmax of the raw logits, before the
-    mask, penalties and temperature (SGLang's default), at the chosen token and for the top K.
+    Logprobs are those of the distribution the grammar allows: log_softmax of the logits after
+    the vocab mask, before biases, penalties and temperature (as SGLang and vLLM give them), at
+    the chosen token and for the top K; a token the mask forbids reads MASKED_LOGPROB (vLLM's
+    value: JSON has no -inf).
     """
-    x = logits if vocab_mask is None else apply_vocab_mask(logits, vocab_mask)
-    x = apply_penalties(apply_logit_bias(x, params), params)
+    allowed = logits if vocab_mask is None else apply_vocab_mask(logits, vocab_mask)
+    x = apply_penalties(apply_logit_bias(allowed, params), params)
     next_ids = argmax_rows(x)
     sampled_rows = np.flatnonzero((params.temperature > 0) & (params.top_k != 1))
     if sampled_rows.size:
         rows = torch.from_numpy(sampled_rows).to(logits.device)
         drawn = _draw(x.index_select(0, rows), params, sampled_rows, positions)
         next_ids = next_ids.index_copy(0, rows, drawn)
-    return _with_logprobs(logits, next_ids, params)
+    return _with_logprobs(allowed, next_ids, params)
 
 
 def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> torch.Tensor:
@@ -209,7 +213,7 @@ def _with_logprobs(logits: torch.Tensor, next_ids: torch.Tensor, params: Samplin
     k = int(np.max(params.top_logprobs_num, initial=0))
     if not params.return_logprob and k == 0:
         return SampleOutput(next_ids, None, None, None)
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(logits.float(), dim=-1).clamp_(min=MASKED_LOGPROB)
     chosen = logp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if params.return_logprob else None
     if k == 0:
         return SampleOutput(next_ids, chosen, None, None)

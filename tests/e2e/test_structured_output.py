@@ -5,6 +5,7 @@ grammar is a 400 that says what is wrong, and the server keeps serving."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -145,6 +146,25 @@ def test_vllms_structured_outputs_and_stop_string_flag(server):
     jsonschema.validate(json.loads(answer(structured_outputs={"json": schema})), schema)
     trimmed, kept = answer(stop=["."]), answer(stop=["."], include_stop_str_in_output=True)
     assert kept == trimmed + "."
+
+
+def test_logprobs_under_a_grammar_are_those_of_what_it_allows(server):
+    """As SGLang and vLLM give them: a confidence over the choices, not over the free text."""
+    body = {
+        "model": "any",
+        "messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 20,
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }
+    first, *_ = post(server, "/v1/chat/completions", body).json()["choices"][0]["logprobs"]["content"]
+    top = {entry["token"]: entry["logprob"] for entry in first["top_logprobs"]}
+    allowed = [logprob for logprob in top.values() if logprob > -9999]
+    # the choices' first tokens (y, ye, yes, n, no at most) share the whole probability
+    assert 1 <= len(allowed) <= 5 and math.isclose(sum(math.exp(v) for v in allowed), 1.0, rel_tol=1e-3)
+    assert min(top.values()) == -9999.0 and first["logprob"] == max(top.values())
 
 
 BAD_GRAMMARS = {

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcluster.protocol import FLOAT32_MAX, SamplingBatch, decode, encode
-from radixcluster.worker.sampler import apply_logit_bias, apply_penalties, argmax_rows, sample
+from radixcluster.worker.sampler import MASKED_LOGPROB, apply_logit_bias, apply_penalties, argmax_rows, sample
 
 # probabilities 0.4, 0.3, 0.15, 0.1, 0.05: filter boundaries are far from float rounding
 FIVE = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05]).log()
@@ -279,14 +279,14 @@ def test_a_repetition_penalty_near_zero_favours_the_seen_tokens_without_overflow
         assert set(drawn.tolist()) <= positive and (temperature == 0 or len(set(drawn.tolist())) > 1)
 
 
-def test_logprobs_come_from_the_raw_logits():
+def test_logprobs_are_those_the_mask_allows_before_biases_penalties_and_temperature():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(3))
-    mask = pack_mask([{5}, set(range(50)), set(range(50))], 50)
+    mask = pack_mask([{5, 7}, set(range(50)), set(range(50))], 50)
     params = batch(
         3,
         temperature=[0.0, 0.8, 0.0],
         seed=[-1, 9, -1],
-        top_logprobs_num=[2, 5, 0],
+        top_logprobs_num=[3, 5, 0],
         penalties=[[], [], [int(logits[2].argmax())]],
         repetition_penalty=3.0,
         return_logprob=True,
@@ -294,10 +294,17 @@ def test_logprobs_come_from_the_raw_logits():
     # as the worker receives them: read-only arrays decoded from a frame
     out = sample(logits, decode(encode(params)), positions(4, 4, 4), mask)
     raw = torch.log_softmax(logits, dim=-1)
-    assert out.next_token_ids[0] == 5
-    assert torch.allclose(out.logprobs, raw.gather(1, out.next_token_ids.unsqueeze(1)).squeeze(1))
-    values, ids = torch.topk(raw, 5, dim=-1)
-    assert torch.equal(out.top_logprob_ids, ids) and torch.allclose(out.top_logprob_values, values)
+    # the masked row: a distribution over tokens 5 and 7 only (as SGLang and vLLM give it)
+    allowed = torch.log_softmax(logits[0, [5, 7]], dim=-1)
+    assert out.next_token_ids[0] == (5 if allowed[0] > allowed[1] else 7)
+    assert sorted(out.top_logprob_ids[0, :2].tolist()) == [5, 7]
+    assert torch.allclose(
+        out.top_logprob_values[0, :2].sort(descending=True).values, allowed.sort(descending=True).values
+    )
+    assert out.top_logprob_values[0, 2] == MASKED_LOGPROB  # forbidden: a finite number JSON can hold
+    assert torch.allclose(out.logprobs[1:], raw[1:].gather(1, out.next_token_ids[1:].unsqueeze(1)).squeeze(1))
+    values, ids = torch.topk(raw[1:], 5, dim=-1)
+    assert torch.equal(out.top_logprob_ids[1:], ids) and torch.allclose(out.top_logprob_values[1:], values)
     assert out.top_logprob_ids.dtype == torch.int64 and out.logprobs.dtype == torch.float32
 
 
