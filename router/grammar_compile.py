@@ -18,6 +18,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 import xgrammar as xgr
 
+from radixcluster.router.json_schema_keywords import schema_text_problem
+
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
 # xgrammar threads per compile: compiles share the cores with the router loop and the workers,
 # so one compile never takes more than one core
@@ -50,6 +52,9 @@ def compile_spec(compiler: xgr.GrammarCompiler, kind: str, spec: str, any_whites
     when it allows no first token (it matches no text: every request would end at once).
     ``any_whitespace``: a JSON schema's documents may put any whitespace between tokens (SGLang's
     and vLLM's default), else compact separators only."""
+    problem = schema_text_problem(spec) if kind == "json_schema" else None
+    if problem is not None:
+        raise GrammarError(f"invalid json_schema: {problem}")
     try:
         if kind == "regex":
             compiled = compiler.compile_regex(spec)

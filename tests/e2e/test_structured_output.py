@@ -174,6 +174,10 @@ BAD_GRAMMARS = {
     "json_schema that is a list": ({"json_schema": "[1, 2]"}, ["invalid json_schema", "object"]),
     "broken ebnf": ({"ebnf": 'root ::= "a'}, ["invalid ebnf", "string literal"]),
     "ebnf without root": ({"ebnf": 'start ::= "a"'}, ["invalid ebnf", "root"]),
+    "json_schema with uniqueItems": (
+        {"json_schema": '{"type": "array", "items": {"enum": ["a"]}, "minItems": 2, "uniqueItems": true}'},
+        ["invalid json_schema", "'uniqueItems'"],
+    ),
 }
 
 

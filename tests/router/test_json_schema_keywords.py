@@ -1,0 +1,47 @@
+"""Schemas whose keywords xgrammar would compile without enforcing are refused, with the keyword
+and its place named; the keywords it enforces, and property names that spell a keyword, pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixcluster.router.json_schema_keywords import schema_text_problem, unenforced_keyword
+
+ITEMS = {"type": "array", "items": {"enum": ["a", "b"]}}
+
+
+@pytest.mark.parametrize(
+    "schema, where",
+    [
+        ({**ITEMS, "uniqueItems": True}, "'uniqueItems' (at /)"),
+        ({"type": "object", "properties": {"tags": {**ITEMS, "uniqueItems": True}}}, "(at /properties/tags)"),
+        ({"anyOf": [{"type": "integer"}, {"not": {"type": "string"}}]}, "'not' (at /anyOf/1)"),
+        ({"$defs": {"T": {**ITEMS, "contains": {"const": "a"}}}, "$ref": "#/$defs/T"}, "'contains' (at /$defs/T)"),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, "'propertyNames'"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired'"),
+        (
+            {"type": "array", "items": {"allOf": [{"type": "string"}, {"type": "integer"}]}},
+            "'allOf' of 2 schemas (at /items)",
+        ),
+    ],
+)
+def test_an_unenforced_keyword_is_named_with_its_place(schema, where) -> None:
+    reason = unenforced_keyword(schema)
+    assert reason is not None and where in reason
+    assert schema_text_problem(json.dumps(schema)) == reason
+
+
+def test_what_xgrammar_enforces_passes() -> None:
+    enforced = {
+        "type": "object",
+        # properties named like keywords are names, not keywords
+        "properties": {"not": {"type": "string"}, "contains": {**ITEMS, "uniqueItems": False, "minItems": 1}},
+        "required": ["not"],
+        "additionalProperties": False,
+        "$defs": {"One": {"allOf": [{"type": "integer", "minimum": 0}]}},
+        "enum": [{"not": 1}],
+    }
+    assert unenforced_keyword(enforced) is None
+    assert schema_text_problem('{"type": "object"') is None  # not JSON: the compiler says why
