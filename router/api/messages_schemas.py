@@ -278,7 +278,6 @@ class MessagesChat(OneAnswerRequest):
 
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_MESSAGES
-    response_format_field = "output_config.format"
     answer = "a message"
     forcing = (
         '{"type": "any"} or {"type": "tool", "name": ...} to have a call generated under the tools\' '

@@ -419,8 +419,6 @@ class ToolsRequest(OpenAIRequest):
     """A request that may offer the model tools: the chat, and the Responses API, which reads
     its tools into the same shape."""
 
-    # the name the client gave its response_format (the Responses API calls it text.format)
-    response_format_field: ClassVar[str] = "response_format"
     # its tool_choice values that force a call or none, as the refusal of "auto" names them
     forcing: ClassVar[str] = CHAT_FORCING
 
@@ -447,10 +445,9 @@ class ToolsRequest(OpenAIRequest):
             raise ValueError(
                 f"tools: their calls' JSON schema is {len(schema)} characters, at most {MAX_GRAMMAR_CHARS}"
             )
+        # a response_format shapes text content, which a forced call has none of: it stands aside,
+        # as in OpenAI's API and vLLM; a constraint on the whole answer cannot
         constraints = [name for name in _CONSTRAINTS if getattr(self, name) is not None]
-        answer_format = self.answer_format()
-        if answer_format is not None and answer_format.grammar() is not None:
-            constraints.append(self.response_format_field)
         if constraints:
             raise FieldError(
                 constraints[0], f"a forced tool call is generated under its own schema: it cannot take {constraints[0]}"

@@ -181,7 +181,6 @@ class ResponsesIn(OneAnswerRequest):
 
     default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
     unsupported: ClassVar[dict[str, str]] = UNSUPPORTED_RESPONSES
-    response_format_field = "text.format"
     answer = "a response"
     forcing = '"required" or {"type": "function", "name": ...} to have a call generated under the tools\' JSON schema, or "none"'
 
