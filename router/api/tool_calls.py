@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixcluster.router.api.errors import lone_surrogate
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat
@@ -34,6 +34,15 @@ class FunctionIn(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A call's arguments are an object (``f(**arguments)``), so its schema is one, as
+        OpenAI requires."""
+        if parameters is not None and parameters.get("type", "object") != "object":
+            raise ValueError(f'parameters must be a JSON schema of type "object", got type {parameters["type"]!r}')
+        return parameters
 
 
 class ToolIn(BaseModel):

@@ -133,6 +133,10 @@ def test_auto_and_none_force_nothing() -> None:
             "tools.0.function.name",
         ),
         ({"tools": [{"type": "retrieval"}], "tool_choice": "required"}, "tools.0.type"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            "tools.0.function.parameters: parameters must be a JSON schema of type \"object\", got type 'string'",
+        ),
         ({"tools": TOOLS * 65, "tool_choice": "none"}, "at most 128"),
     ],
 )
