@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from radixcluster.protocol import MAX_PROFILE_STEPS
 from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.native_schemas import TokenId, fits_context
+from radixcluster.router.api.openai_schemas import ChatMessageIn
 from radixcluster.router.api.reasoning import REASONING_FORMATS
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn
 from radixcluster.router.api.tool_parsers import TOOL_CALL_FORMATS
@@ -24,7 +25,7 @@ class TokenizeIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     prompt: str | list[str] | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: list[ChatMessageIn] | None = None  # read as the chat endpoint reads them
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     # vLLM's and the chat's: the prompt ends inside the last message (an assistant's prefill)
@@ -53,7 +54,7 @@ class TokenizeIn(BaseModel):
     def router_args(self) -> dict[str, Any]:
         if self.messages is not None:
             return {
-                "messages": self.messages,
+                "messages": [message.as_dict() for message in self.messages],
                 "add_generation_prompt": self.add_generation_prompt and not self.continue_final_message,
                 "continue_final_message": self.continue_final_message,
                 "tools": [t.as_dict() for t in self.tools] if self.tools else None,

@@ -378,11 +378,13 @@ class ContentPart(BaseModel):
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function": OpenAI's deprecated role of a function's answer, still in its SDK's types
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
     # an assistant's calls and a tool's answer to one, for templates that write them
     tool_calls: list[dict[str, Any]] | None = None
+    function_call: dict[str, Any] | None = None  # the deprecated form of one call
     tool_call_id: str | None = None
     name: str | None = None
     # an assistant's earlier thinking (vLLM's field, also as "reasoning"), for templates that
@@ -409,8 +411,11 @@ class ChatMessageIn(BaseModel):
         if isinstance(content, list):
             content = "\n".join(part.text for part in content)  # as vLLM, and /tokenize's chats
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
-        if self.tool_calls:
-            message["tool_calls"] = template_tool_calls(self.tool_calls)
+        calls = self.tool_calls or (
+            [{"type": "function", "function": self.function_call}] if self.function_call else None
+        )
+        if calls:
+            message["tool_calls"] = template_tool_calls(calls)
         extra = {"tool_call_id": self.tool_call_id, "name": self.name, "reasoning_content": self.reasoning_content}
         return message | {key: value for key, value in extra.items() if value is not None}
 

@@ -17,7 +17,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # "developer": OpenAI's newer name for a system message, rendered as one (as SGLang renders it)
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# "function": OpenAI's deprecated role of a function's answer, passed to the template as it is (as vLLM does)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # appended to the message a chat continues, to find where the template wrote its end (transformers' way)
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 

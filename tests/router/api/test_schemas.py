@@ -211,6 +211,19 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert GenerateIn.model_validate(sampling(temperature=5)).expand()[0].sampling.temperature == 5
 
 
+def test_the_deprecated_function_call_messages_read_as_the_tool_call_shape() -> None:
+    # OpenAI's SDK still types them, and vLLM takes them
+    call = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "18"},
+    ]
+    assistant, answer = [m.as_dict() for m in ChatCompletionIn.model_validate({"messages": messages}).messages[1:]]
+    assert assistant["tool_calls"] == [{"type": "function", "function": {**call, "arguments": {"city": "Oslo"}}}]
+    assert answer == {"role": "function", "name": "get_weather", "content": "18"}
+
+
 def test_union_member_names_stay_out_of_the_message() -> None:
     message = refusal(GenerateIn, {"input_ids": [1, BIG]})
     assert "constrained-int" not in message and "input_ids.1: Input should be less than or equal to" in message
