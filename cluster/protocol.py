@@ -27,6 +27,9 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 _EXT_ARRAY = 1
 _EXT_MESSAGE = 2
+# an integer past msgpack's 64 bits, in decimal: free-form JSON a client sent (a tool call's
+# 20-digit order id) travels as it came
+_EXT_BIG_INT = 3
 _REGISTRY: dict[str, type] = {}
 
 
@@ -420,6 +423,8 @@ def _default(obj: Any) -> msgpack.ExtType:
         return obj.item()
     if type(obj).__name__ in _REGISTRY and dataclasses.is_dataclass(obj):
         return msgpack.ExtType(_EXT_MESSAGE, _pack(obj))
+    if isinstance(obj, int):
+        return msgpack.ExtType(_EXT_BIG_INT, str(obj).encode())
     raise TypeError(f"cannot encode {type(obj).__name__} in a protocol message")
 
 
@@ -432,6 +437,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return np.frombuffer(data, dtype=np.dtype(dtype), offset=offset).reshape(shape)
     if code == _EXT_MESSAGE:
         return decode(data)
+    if code == _EXT_BIG_INT:
+        return int(data)
     raise ProtocolError(f"unknown ext type {code}")
 
 

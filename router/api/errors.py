@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -167,11 +168,24 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
+def _non_finite(literal: str) -> float:
+    raise ValueError(f"{literal} is not a JSON number (numbers must be finite)")
+
+
+def _finite(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"{literal} is beyond a float's range (numbers must be finite)")
+    return value
+
+
 def parse_json(body: bytes) -> dict[str, Any]:
-    """Decode a request body, as a 400 ApiError when it is not a JSON object or not valid unicode."""
+    """Decode a request body, as a 400 ApiError when it is not a JSON object, not valid unicode,
+    or holds what a JSON parser should not take: NaN, Infinity, a float past the largest
+    finite one, an integer of more digits than Python converts."""
     try:
-        value = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = json.loads(body, parse_constant=_non_finite, parse_float=_finite)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
         raise ApiError(400, f"invalid JSON in the request body: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None

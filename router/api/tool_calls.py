@@ -101,7 +101,9 @@ def read_tool_calls(text: str, choice: ToolChoice | None) -> list[dict[str, Any]
     was cut short: max_tokens, a stop string, an abort)."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):  # nested past the decoder's depth: no call
+    # ValueError: not JSON, or an integer of more digits than Python converts; RecursionError:
+    # nested past the decoder's depth; either way, no call
+    except (ValueError, RecursionError):
         return None
     name = forced_name(choice)
     if name is not None:
@@ -192,7 +194,7 @@ def template_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(function, dict) and isinstance(function.get("arguments"), str):
             try:
                 arguments = json.loads(function["arguments"])
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # not JSON (or digits past Python's limit)
                 arguments = function["arguments"]
             if lone_surrogate(arguments) is not None:
                 arguments = function["arguments"]

@@ -128,6 +128,15 @@ def test_round_trip(msg: object) -> None:
     assert_same(msg, p.decode(p.encode(msg)))
 
 
+def test_integers_past_64_bits_in_free_form_json_come_back_whole() -> None:
+    # a tool call's arguments, as a client sent them
+    call = {"function": {"name": "f", "arguments": {"order_id": 98765432109876543210, "neg": -(2**70)}}}
+    msg = p.GenerateRequest(
+        rid="a", sampling=p.SamplingParams(), messages=[{"role": "assistant", "tool_calls": [call]}]
+    )
+    assert p.decode(p.encode(msg)).messages[0]["tool_calls"] == [call]
+
+
 def test_big_endian_arrays_come_back_native() -> None:
     arr = np.arange(4, dtype=">i4")
     back = p.decode(p.encode(p.StepResult(step_id=1, next_token_ids=arr))).next_token_ids

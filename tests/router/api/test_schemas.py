@@ -3,8 +3,6 @@ before anything reaches the router (no server needed: these are the schemas and 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from pydantic import ValidationError
 
@@ -286,7 +284,24 @@ def test_paired_surrogates_and_deep_nesting() -> None:
     with pytest.raises(ApiError) as info:
         parse_json(b"[" * 100_000 + b"]" * 100_000)
     assert info.value.status == 400 and "nested" in info.value.message
-    assert json.loads(b'{"a": Infinity}')  # JSON's extension the parser allows; the schemas refuse it
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        (b'{"tools": [{"maxLength": Infinity}]}', "Infinity is not a JSON number"),
+        (b'{"chat_template_kwargs": {"x": NaN}}', "NaN is not a JSON number"),
+        (b'{"x": -1e999}', "-1e999 is beyond a float's range"),
+        (b'{"seed": ' + b"9" * 5000 + b"}", "Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_what_python_parses_beyond_json_is_a_400_wherever_it_is(body: bytes, says: str) -> None:
+    # free-form fields (a tool's schema, template variables) have no typed field to refuse it
+    with pytest.raises(ApiError) as info:
+        parse_json(body)
+    assert info.value.status == 400 and info.value.message.startswith("invalid JSON in the request body")
+    assert says in info.value.message
+    assert parse_json(b'{"order_id": 98765432109876543210, "x": 1e308}')["order_id"] == 98765432109876543210
 
 
 @pytest.mark.parametrize(
