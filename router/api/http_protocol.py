@@ -51,6 +51,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._receiving = False  # a request has begun and not yet ended
         self._stall = _Timer(self.loop, read_timeout_s, self._stalled)  # while a request's bytes are awaited
         self._refused = False
+        # a refusal held until the requests before it are answered (HTTP/1.1 answers in order)
+        self._held: tuple[int, str] | None = None
         self._running: Any = None  # the request whose app runs (a RequestResponseCycle)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -110,6 +112,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._receiving = True
         super().on_message_begin()
 
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        # httptools reads no URL past 65,535 bytes, whose refusal would be a 400 that blames the
+        # framing: one that long passes the head's bound with its request line alone
+        if len(self.url) > MAX_HEAD_BYTES - len(b"GET  HTTP/1.1\r\n") and not self._refused:
+            self._refuse(HEAD_TOO_LARGE, f"the request line and headers are longer than {MAX_HEAD_BYTES} bytes")
+
     def on_headers_complete(self) -> None:
         self._in_head, self._head_ended = False, True
         super().on_headers_complete()
@@ -152,11 +161,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # uvicorn's answer to bytes its parser refuses (a bad chunk size, Content-Length beside
         # Transfer-Encoding, an unknown method, HTTP/2's preface) is plain text; every error of
         # this server is JSON
-        self._refuse(400, "the request is not valid HTTP/1.1: its head or framing could not be parsed")
+        if not self._refused:
+            self._refuse(400, "the request is not valid HTTP/1.1: its head or framing could not be parsed")
+
+    def on_response_complete(self) -> None:
+        if self._held is not None and not self.pipeline:
+            self._send_refusal(*self._held)
+            return
+        super().on_response_complete()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answers ``status`` to the request being received and ends the connection; an app
-        waiting for that request's body gets a disconnect, and what it answers is dropped."""
+        waiting for that request's body gets a disconnect, and what it answers is dropped. When
+        the bytes refused follow whole requests still being answered, the refusal waits for
+        their answers (the bytes after it are read no more)."""
+        self._refused = True
+        self._stall.stop()
+        earlier = self.cycle
+        if not self._receiving_body() and earlier is not None and not earlier.response_complete:
+            self._held = (status, message)
+            return
+        self._send_refusal(status, message)
+
+    def _send_refusal(self, status: int, message: str) -> None:
         cycle = self.cycle if self._receiving_body() else None
         path = cycle.scope["path"] if cycle is not None else ""
         body = json.dumps(error_body(status, message, path=path)).encode()
@@ -164,8 +191,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         )
-        self._refused = True
-        self._stall.stop()
         if cycle is not None:
             cycle.disconnected = True
             cycle.message_event.set()

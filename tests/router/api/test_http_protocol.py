@@ -172,6 +172,12 @@ def test_an_endless_url_gets_a_431(address) -> None:
     assert exchange(address, [b"GET /" + b"a" * (2 * MAX_HEAD_BYTES)]).startswith(b"HTTP/1.1 431 ")
 
 
+def test_a_whole_request_line_past_the_bound_gets_a_431(address) -> None:
+    # complete, so the parser reads it whole; httptools takes no URL past 65,535 bytes
+    line = b"GET /?x=" + b"a" * (MAX_HEAD_BYTES + 500) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert str(MAX_HEAD_BYTES) in error_of(exchange(address, [line]), 431)
+
+
 def test_a_head_under_the_bound_is_served(address) -> None:
     header = b"X-Big: " + b"a" * (MAX_HEAD_BYTES - 1024) + b"\r\n"
     assert exchange(address, [get(header=header)]).startswith(b"HTTP/1.1 200")
@@ -191,6 +197,16 @@ def error_of(answer: bytes, status: int) -> str:
     body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
     assert body["error"]["code"] == status
     return body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", [b"/", b"/slow"])
+def test_requests_before_refused_bytes_are_answered_first(address, path: bytes) -> None:
+    # HTTP/1.1 answers in order: the whole requests sent before the bytes the parser refuses get
+    # their answers, then the refusal closes the connection
+    answer = exchange(address, [post(b"hello", last=False, path=path) + get(last=False) + b"GARBAGE\r\n\r\n"])
+    first, second, refusal = answer.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200") and first.endswith(b"5") and second.startswith(b"200")
+    assert "not valid HTTP/1.1" in error_of(b"HTTP/1.1 " + refusal, 400)
 
 
 @pytest.mark.parametrize(
