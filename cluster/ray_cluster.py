@@ -43,16 +43,19 @@ def check_stop(stopping: StopFlag) -> None:
         raise StopRequested
 
 
-def get_or_stop(refs: list[Any], stopping: StopFlag) -> list[Any]:
-    """``ray.get(refs)``, given up with StopRequested once ``stopping`` is set; the first failure
-    is raised as soon as it is known (not after the others' timeouts). The launchers' signal
-    handlers only set the event: an exception raised from a handler inside Ray's blocking calls
-    comes out as a SystemError, or is lost."""
+def get_or_stop(refs: list[Any], stopping: StopFlag, timeout_s: float | None = None) -> list[Any]:
+    """``ray.get(refs)``, given up with StopRequested once ``stopping`` is set (TimeoutError past
+    ``timeout_s``); the first failure is raised as soon as it is known (not after the others'
+    timeouts). The launchers' signal handlers only set the event: an exception raised from a
+    handler inside Ray's blocking calls comes out as a SystemError, or is lost."""
     import ray
 
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pending = list(refs)
     while pending:
         check_stop(stopping)
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} of {len(refs)} Ray calls got no answer within {timeout_s:g} s")
         done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
         ray.get(done)
     return ray.get(list(refs))
@@ -257,11 +260,17 @@ def _check_node_can_host(node: str, bundle: dict[str, float], tp_size: int) -> N
 def load_and_serve(workers: RayWorkers, stopping: StopFlag) -> None:
     """Load every rank's shard (concurrently: they rendezvous), then start their serving loops,
     whose object refs go to ``workers.serve_refs`` (one finishing means its rank stopped).
-    Raises RankStartError for what a rank's load raised, a Ray error when its process died, or
-    StopRequested."""
+    Raises RankStartError for what a rank's load raised or for ranks that did not start, a Ray
+    error when its process died, or StopRequested."""
     import ray
 
-    workers.pids = get_or_stop([actor.pid.remote() for actor in workers.actors], stopping)
+    try:
+        # a rank's process that does not start (Ray's raylet gone) would hold this for ever
+        workers.pids = get_or_stop([actor.pid.remote() for actor in workers.actors], stopping, PLACEMENT_TIMEOUT_S)
+    except TimeoutError:
+        raise RankStartError(
+            f"the TP ranks' processes did not start within {PLACEMENT_TIMEOUT_S} s: is Ray's node (its raylet) alive?"
+        ) from None
     [port] = get_or_stop([workers.actors[0].open_rendezvous.remote()], stopping)
     try:
         get_or_stop([actor.load.remote(port) for actor in workers.actors], stopping)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -125,22 +126,41 @@ def _helpful(errors: list[Any]) -> list[Any]:
     return [err for err, m in zip(errors, members) if m is None or m[0] not in fitting_sites or m in fitting]
 
 
-def _location(err: Any) -> str:
-    """The dotted path of the field an error is about ("" for the whole body)."""
-    return ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
+# a body read under another API's field names (Anthropic's Messages as a chat): each model's
+# (pydantic's error title) client spellings of them, as (pattern over a dotted path, replacement)
+_CLIENT_NAMES: dict[str, tuple[tuple[re.Pattern[str], str], ...]] = {}
 
 
-def _param(err: Any) -> str:
+def name_fields_as_sent(model: type, renames: dict[str, str]) -> None:
+    """Errors in ``model``'s body name its fields as its clients send them: ``renames`` maps
+    regular expressions over a field's dotted path (as the model reads it) to the client's."""
+    _CLIENT_NAMES[model.__name__] = tuple((re.compile(pattern), name) for pattern, name in renames.items())
+
+
+def _location(err: Any, title: str = "") -> str:
+    """The dotted path of the field an error is about ("" for the whole body), as the client
+    of the body's model (``title``) names it."""
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _is_tag(p))
+    for pattern, name in _CLIENT_NAMES.get(title, ()):
+        loc = pattern.sub(name, loc)
+    return loc
+
+
+def _param(err: Any, title: str = "") -> str:
     """The dotted path of the field an error is about, a FieldError's field included."""
-    loc, cause = _location(err), (err.get("ctx") or {}).get("error")
+    loc, cause = _location(err, title), (err.get("ctx") or {}).get("error")
     if isinstance(cause, FieldError) and cause.field:
         return f"{loc}.{cause.field}" if loc else cause.field
     return loc
 
 
+def _title(exc: ValidationError | RequestValidationError) -> str:
+    return exc.title if isinstance(exc, ValidationError) else ""
+
+
 def validation_param(exc: ValidationError | RequestValidationError) -> str | None:
     """The first offending field, as OpenAI's ``param`` names it (None: the whole body)."""
-    return next((loc for loc in map(_param, _helpful(list(exc.errors()))) if loc), None)
+    return next((loc for err in _helpful(list(exc.errors())) if (loc := _param(err, _title(exc)))), None)
 
 
 _BOUNDS = {"le": "less than or equal to", "ge": "greater than or equal to", "lt": "less than", "gt": "greater than"}
@@ -150,7 +170,7 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
     """One line naming each offending field and what is wrong with it."""
     parts: list[str] = []
     for err in _helpful(list(exc.errors())):
-        loc = _location(err)
+        loc = _location(err, _title(exc))
         msg = err.get("msg", "invalid value")
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"

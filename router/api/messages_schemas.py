@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 
 from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
+from radixcluster.router.api.errors import name_fields_as_sent
 from radixcluster.router.api.native_schemas import Count, fits_context
 from radixcluster.router.api.openai_schemas import (
     CHAT_DEFAULT_MAX_TOKENS,
@@ -401,3 +402,16 @@ def _chat_tool_choice(choice: dict[str, Any]) -> tuple[Any, bool | None]:
     if not isinstance(kind, str) or kind not in _CHOICES:
         raise ValueError(f'tool_choice of type {kind!r}: give "auto", "any", "tool" (with a name) or "none"')
     return _CHOICES[kind], parallel
+
+
+# Anthropic's names of the fields a Messages body is read into the chat's shape under
+for _model in (MessagesChat, MessagesIn):
+    name_fields_as_sent(
+        _model,
+        {
+            r"^stop\b": "stop_sequences",
+            r"^tools\.(\d+)\.function\.parameters": r"tools.\1.input_schema",
+            r"^tools\.(\d+)\.function\.": r"tools.\1.",
+            r"^(messages\.\d+\.content\.\d+)\.text\.text": r"\1.text",
+        },
+    )

@@ -49,6 +49,31 @@ def test_signals_during_and_after_rays_start_reach_the_callers_handler() -> None
     assert flag_left == "False"  # Ray's own processes keep their failure handler
 
 
+WAIT_PAST_A_TIMEOUT = """
+import tempfile, time
+from radixcluster import ray_cluster
+from radixcluster.stop_flag import StopFlag
+
+ray_cluster.start_ray(None, tempfile.mkdtemp(), 1)
+import ray
+never = ray.remote(lambda: time.sleep(600)).remote()
+began = time.monotonic()
+try:
+    ray_cluster.get_or_stop([never], StopFlag(), timeout_s=1.0)
+except TimeoutError as exc:
+    print(round(time.monotonic() - began), exc)
+ray.shutdown()
+"""
+
+
+def test_a_wait_on_ray_with_a_timeout_ends_when_it_runs_out() -> None:
+    """A group's ranks that never start (Ray's raylet killed) held the replica for ever."""
+    done = subprocess.run([sys.executable, "-c", WAIT_PAST_A_TIMEOUT], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    waited, message = done.stdout.strip().split(" ", 1)
+    assert int(waited) <= 3 and message == "1 of 1 Ray calls got no answer within 1 s"
+
+
 def test_a_ray_address_nothing_listens_on_is_refused_at_once() -> None:
     """ray.init would retry it for ever, deaf to SIGTERM."""
     with socket.create_server(("127.0.0.1", 0)) as server:

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from radixcluster.protocol import PromptPin
+from radixcluster.router.api.errors import describe_validation_error, validation_param
 from radixcluster.router.api.messages_schemas import MessagesChat, MessagesIn
 
 WEATHER = {
@@ -293,3 +294,35 @@ def test_max_tokens_gives_way_to_the_room_the_prompt_leaves():
     as it lowers a default."""
     sampling = request(max_tokens=32000, messages=[{"role": "user", "content": "Hi"}]).protocol_sampling()
     assert (sampling.max_new_tokens, sampling.max_new_tokens_is_default) == (32000, True)
+
+
+@pytest.mark.parametrize(
+    "fields, named, param",
+    [
+        ({"stop_sequences": [1]}, "stop_sequences.0", "stop_sequences"),
+        (
+            {"tools": [{"name": "f", "description": 5, "input_schema": {"type": "object"}}]},
+            "tools.0.description",
+            "tools.0.description",
+        ),
+        (
+            {"tools": [{"name": "f", "input_schema": {"type": "string"}}]},
+            "tools.0.input_schema",
+            "tools.0.input_schema",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0.text",
+            "messages.0.content",  # the union's first member (a string) is named first
+        ),
+    ],
+)
+def test_a_400_names_the_field_as_an_anthropic_client_sent_it(fields: dict[str, Any], named: str, param: str) -> None:
+    # the body is read into the chat's shape (stop, tools[].function); its errors speak Anthropic's
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], **fields}
+    for model in (MessagesIn, MessagesChat):
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        message = describe_validation_error(info.value)
+        assert f"{named}: " in message and "function" not in message and "stop:" not in message
+        assert validation_param(info.value) == param
