@@ -336,7 +336,7 @@ class Launcher:
         assert self.workers is not None and self.plan is not None and self.router_control is not None
         old = self.workers
         died = ray_cluster.dead_rank(old)
-        if died is not None:  # the router saw only what a peer's collective made of it
+        if died is not None and died not in reason:  # the router saw only what a peer's collective made of it
             reason = f"{died}; {reason}"
         logger.warning("replacing TP group %d (%s)", old.generation, reason)
         self.group_up = False
