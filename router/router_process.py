@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -71,6 +71,12 @@ COMPILING_POLL_MS = 10
 # a request admitted when the group was lost this many times ends with an error instead of being
 # re-queued again: it may be what makes the group fail
 MAX_LOSSES_PER_REQUEST = 2
+# the questions answered while a step runs: they read what stands still until the step ends, so
+# /metrics, /cache_info and /health stay live through a long step (a stuck rank's included)
+MID_STEP_KINDS = frozenset({"health", "stats", "cache_info", "server_info"})
+# a step that has run this long without its result makes /health fail (a rank may be stuck;
+# the group is replaced only at --step-timeout)
+STEP_OVERDUE_S = 20.0
 
 
 @dataclass(slots=True)
@@ -167,6 +173,21 @@ class Router:
                 return [_failed(rid, why, 500)]
             return [ControlResponse(cid, error=why)] if isinstance(cid, str) else []
         return self.submit(msg)
+
+    def answer_mid_step(self, msg: object, running_s: float) -> ControlResponse | None:
+        """The answer to a MID_STEP_KINDS question that came while the step in flight has run
+        ``running_s``; None for any other message, to be submitted once the step ends."""
+        if not isinstance(msg, ControlRequest) or msg.kind not in MID_STEP_KINDS:
+            return None
+        if msg.kind == "health" and running_s > STEP_OVERDUE_S:
+            return ControlResponse(
+                msg.cid,
+                error=f"the step running has had no result for {running_s:.0f} s (a rank may be stuck: its "
+                f"group is replaced at --step-timeout {self.config.step_timeout_s:g} s)",
+            )
+        (answer,) = self.submit(msg)
+        assert isinstance(answer, ControlResponse)
+        return answer
 
     def submit(self, msg: object) -> list[RequestOutput | ControlResponse]:
         """Handle one api message; returns what must be answered right away."""
@@ -487,22 +508,32 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)  # the launcher decides when we stop, after the api drained
     router = Router(config, TreeEventLog(config.page_size) if addresses.events else None)
-    sockets = RouterSockets(addresses, config.step_timeout_s, interrupt_fd=control.fileno())
+    deferred: list[object] = []  # what the api sent during a step, submitted once it ends
+
+    def while_stepping(frame: bytes, running_s: float) -> None:
+        try:
+            msg: object = decode(frame)
+        except ProtocolError:
+            deferred.append(frame)  # submit_frame answers it
+            return
+        answer = router.answer_mid_step(msg, running_s)
+        if answer is None:
+            deferred.append(msg)
+        else:
+            sockets.send([answer])
+
+    sockets = RouterSockets(addresses, config.step_timeout_s, control.fileno(), while_stepping)
     if router.tree_events is not None:
         router.tree_events.address = sockets.events_address()
     control.send_bytes(encode(RouterReady()))
     try:
         while True:
-            events = dict(sockets.poller.poll(router.poll_timeout_ms()))
+            events = dict(sockets.poller.poll(0 if deferred else router.poll_timeout_ms()))
             if control.fileno() in events and not _hear_launcher(router, sockets, control):
                 break
-            if sockets.requests in events:
-                while True:
-                    try:
-                        frame = sockets.requests.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    answers = router.submit_frame(frame)
+            if sockets.requests in events or deferred:
+                for item in _api_messages(deferred, sockets):
+                    answers = router.submit_frame(item) if isinstance(item, bytes) else router.submit(item)
                     sockets.publish(router.tree_events)  # a flush's evictions precede its answer
                     sockets.tell_ranks(router.profiles.take())
                     sockets.send(answers)
@@ -523,6 +554,18 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
         sockets.send(router.abort_all(SHUTDOWN_MESSAGE, 503), block=False)
     finally:
         sockets.close()
+
+
+def _api_messages(deferred: list[object], sockets: RouterSockets) -> Iterator[object]:
+    """What the api sent: first what came during the last step (decoded, or frames that could
+    not be), in order, then the frames waiting on the socket."""
+    while deferred:
+        yield deferred.pop(0)
+    while True:
+        try:
+            yield sockets.requests.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
 
 def _hear_launcher(router: Router, sockets: RouterSockets, control: Connection) -> bool:

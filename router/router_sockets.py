@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
@@ -45,8 +46,17 @@ class RouterAddresses:
 class RouterSockets:
     """The four ZeroMQ sockets the router binds, and a remote executor over two of them."""
 
-    def __init__(self, addresses: RouterAddresses, step_timeout_s: float, interrupt_fd: int | None = None) -> None:
+    def __init__(
+        self,
+        addresses: RouterAddresses,
+        step_timeout_s: float,
+        interrupt_fd: int | None = None,
+        while_stepping: Callable[[bytes, float], None] | None = None,
+    ) -> None:
+        """``while_stepping(frame, running_s)`` is given each api message that comes while a
+        step waits for its result (None: they wait on the socket until the step ends)."""
         self.step_timeout_s = step_timeout_s
+        self.while_stepping = while_stepping
         self.ctx = zmq.Context()
         self.requests = self._bind(zmq.PULL, addresses.request)
         self.outputs = self._bind(zmq.PUSH, addresses.output)
@@ -68,6 +78,9 @@ class RouterSockets:
         if interrupt_fd is not None:
             for poller in (self.poller, self.step_poller, self.send_poller):
                 poller.register(interrupt_fd, zmq.POLLIN)
+        if while_stepping is not None:
+            for poller in (self.step_poller, self.send_poller):
+                poller.register(self.requests, zmq.POLLIN)
 
     def _bind(self, kind: int, address: str) -> zmq.Socket:
         sock = self.ctx.socket(kind)
@@ -75,10 +88,13 @@ class RouterSockets:
         return sock
 
     def execute(self, batch: ForwardBatch) -> StepResult:
-        deadline = time.monotonic() + self.step_timeout_s
-        self._send_batch(encode(batch), deadline)
+        started = time.monotonic()
+        deadline = started + self.step_timeout_s
+        self._send_batch(encode(batch), started, deadline)
         while (remaining_s := deadline - time.monotonic()) > 0:
             events = dict(self.step_poller.poll(max(1, int(remaining_s * 1000))))
+            if self.requests in events:
+                self._heard_mid_step(started)
             if self.results in events:
                 msg = decode(self.results.recv())
                 if msg.step_id < batch.step_id:
@@ -92,17 +108,29 @@ class RouterSockets:
                 raise LauncherSpoke
         raise GroupLost(f"step {batch.step_id} got no result within --step-timeout {self.step_timeout_s:g} s")
 
-    def _send_batch(self, frame: bytes, deadline: float) -> None:
+    def _send_batch(self, frame: bytes, started: float, deadline: float) -> None:
         """Hand the frame to rank 0; with no rank 0 connected (it died) a send would block, so
         the wait ends like a step's: the launcher's word or the timeout."""
         while (remaining_s := deadline - time.monotonic()) > 0:
             events = dict(self.send_poller.poll(max(1, int(remaining_s * 1000))))
+            if self.requests in events:
+                self._heard_mid_step(started)
             if self.batches in events:
                 self.batches.send(frame)
                 return
             if self.interrupt_fd in events:
                 raise LauncherSpoke
         raise GroupLost(f"rank 0 took no step within --step-timeout {self.step_timeout_s:g} s")
+
+    def _heard_mid_step(self, started: float) -> None:
+        """Each api message waiting now, to ``while_stepping`` with how long the step has run."""
+        assert self.while_stepping is not None
+        while True:
+            try:
+                frame = self.requests.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.while_stepping(frame, time.monotonic() - started)
 
     def tell_ranks(self, messages: list[Profile]) -> None:
         """Queue messages for the ranks between steps. With no rank 0 connected (the group is

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import threading
 
 import msgpack
 import numpy as np
@@ -29,7 +30,7 @@ from radixcluster.protocol import (
     StepResult,
     encode,
 )
-from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, Router, RouterConfig
+from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, STEP_OVERDUE_S, Router, RouterConfig
 from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig
@@ -548,6 +549,38 @@ def test_a_step_ends_with_its_result_a_rank_failure_the_timeout_or_the_launcher(
         sockets.ctx.destroy(linger=0)
         os.close(read_end)
         os.close(write_end)
+
+
+def test_questions_that_read_state_are_answered_while_a_step_runs(router, tmp_path):
+    """A step that gets no result (a stopped rank) held every question until --step-timeout:
+    /metrics and /cache_info could not be read then. The api's messages that come during a step
+    reach while_stepping; the router answers those that read what stands still, and /health
+    fails once the step is overdue."""
+    addresses = RouterAddresses(*(f"ipc://{tmp_path}/{name}" for name in ("in", "out", "batch", "result")))
+    heard: list[tuple[bytes, float]] = []
+    sockets = RouterSockets(addresses, 1.0, while_stepping=lambda frame, running_s: heard.append((frame, running_s)))
+    rank_in, api = sockets.ctx.socket(zmq.PULL), sockets.ctx.socket(zmq.PUSH)
+    rank_in.connect(addresses.batch)  # a rank 0 that takes the step and never answers
+    api.connect(addresses.request)
+    try:
+        router.submit(request("Stuck:", sampling={"max_new_tokens": 4}))
+        question = encode(ControlRequest(cid="c1", kind="stats"))
+        threading.Timer(0.3, api.send, [question]).start()
+        with pytest.raises(GroupLost):
+            router.step(sockets.execute)
+        assert [frame for frame, _ in heard] == [question] and 0.2 < heard[0][1] < 1.0
+    finally:
+        rank_in.close(linger=0)
+        api.close(linger=0)
+        sockets.ctx.destroy(linger=0)
+    stats = router.answer_mid_step(ControlRequest(cid="c2", kind="stats"), 5.0)
+    assert stats is not None and stats.error is None and "waiting_requests" in stats.payload
+    assert router.answer_mid_step(ControlRequest(cid="c3", kind="health"), 5.0).error is None
+    overdue = router.answer_mid_step(ControlRequest(cid="c4", kind="health"), STEP_OVERDUE_S + 1)
+    assert "no result for 21 s" in overdue.error and "--step-timeout" in overdue.error
+    # what changes state waits for the step's end
+    assert router.answer_mid_step(request("Later"), 5.0) is None
+    assert router.answer_mid_step(ControlRequest(cid="c5", kind="flush_cache"), 5.0) is None
 
 
 def test_a_full_queue_answers_429(config):
