@@ -26,7 +26,7 @@ from radixcluster.gateway.context import (
 from radixcluster.gateway.fast_path import GENERATION_ROUTES, generation_methods
 from radixcluster.gateway.upstream import UPSTREAM_ERRORS, Answer, fetch
 from radixcluster.router.api.control_schemas import AbortIn
-from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body
+from radixcluster.router.api.errors import ApiError, error_response, parse_json, read_body, read_json
 from radixcluster.router.api.metrics import CONTENT_TYPE
 
 HEALTH_GENERATE_TIMEOUT_S = 30.0
@@ -173,14 +173,20 @@ def gateway_routes(ctx: GatewayContext) -> APIRouter:
     async def list_replicas() -> dict[str, Any]:
         return {"replicas": [r.describe() for r in ctx.replicas.list()]}
 
+    # bodies read as every other route's, so that one that is not JSON is said to be so
+    async def replica_named(request: Request) -> ReplicaIn:
+        return ReplicaIn.model_validate(await read_json(request, ctx.config.max_body_bytes))
+
     @router.post("/replicas")
-    async def add_replica(body: ReplicaIn) -> dict[str, Any]:
+    async def add_replica(request: Request) -> dict[str, Any]:
+        body = await replica_named(request)
         if (problem := replica_url_problem(body.url)) is not None:
             raise ApiError(400, f"url {body.url!r}: {problem}")
         return ctx.replicas.add(body.url).describe()
 
     @router.delete("/replicas")
-    async def remove_replica(body: ReplicaIn) -> dict[str, Any]:
+    async def remove_replica(request: Request) -> dict[str, Any]:
+        body = await replica_named(request)
         if not await ctx.replicas.remove(body.url):
             raise ApiError(404, f"no replica {body.url!r}")
         return {"removed": body.url.rstrip("/")}

@@ -265,6 +265,9 @@ async def read_body(request: Request, max_bytes: int, empty_ok: bool = False) ->
 async def receive_body(receive: Receive, headers: Headers, max_bytes: int, empty_ok: bool = False) -> bytes:
     """The body of the request whose ``headers`` came with ``receive`` (raw ASGI), as
     ``read_body``; ClientDisconnect when the client leaves before sending all of it."""
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ApiError(415, f"a request body in Content-Encoding {encoding!r} is not supported: send it uncompressed")
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {max_bytes} bytes")

@@ -63,7 +63,9 @@ def _objects(text: str) -> list[Any] | None:
             return values
         try:
             value, at = decoder.raw_decode(text, at)
-        except (json.JSONDecodeError, RecursionError):  # nested past the decoder's depth: no call
+        # not JSON (or an integer of more digits than Python converts), or nested past the
+        # decoder's depth: no call
+        except (ValueError, RecursionError):
             return None
         values.append(value)
 

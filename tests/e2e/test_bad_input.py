@@ -3,6 +3,7 @@ serving: a valid request right after each one succeeds."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -205,6 +206,14 @@ def test_malformed_json(server, still_serves, path):
 def test_empty_body(server, still_serves):
     resp = requests.post(server.url + "/generate", data=b"", headers=server.headers(), timeout=TIMEOUT_S)
     assert_error(resp, 400, "empty")
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions"])
+def test_a_compressed_body_is_a_415_saying_so(server, still_serves, path):
+    body = gzip.compress(b'{"text": "hi", "sampling_params": {"max_new_tokens": 1}}')
+    headers = {**server.headers(), "Content-Type": "application/json", "Content-Encoding": "gzip"}
+    resp = requests.post(server.url + path, data=body, headers=headers, timeout=TIMEOUT_S)
+    assert_error(resp, 415, "Content-Encoding 'gzip' is not supported")
 
 
 def test_oversized_body(server, still_serves):

@@ -90,6 +90,10 @@ def test_replicas_are_added_and_removed_at_run_time(client) -> None:
     assert "http://" in error(client.post("/replicas", json={"url": "ftp://x"}), 400)
     for bad, words in (("http://[::1", "not a URL"), ("http://", "no host"), ("http://x:70000", "not a URL")):
         assert words in error(client.post("/replicas", json={"url": bad}), 400)
+    assert "invalid JSON in the request body" in error(client.post("/replicas", content=b"not json"), 400)
+    assert error(client.request("DELETE", "/replicas", json=[url]), 400) == (
+        "the request body must be a JSON object, not an array"
+    )
     assert len(client.get("/replicas").json()["replicas"]) == 1
 
 
