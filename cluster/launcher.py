@@ -338,6 +338,8 @@ class Launcher:
         died = ray_cluster.dead_rank(old)
         if died is not None and died not in reason:  # the router saw only what a peer's collective made of it
             reason = f"{died}; {reason}"
+            with contextlib.suppress(OSError):  # for /health to name it too
+                self.router_control.send_bytes(encode(GroupDown(old.generation, reason)))
         logger.warning("replacing TP group %d (%s)", old.generation, reason)
         self.group_up = False
         self.workers = ray_cluster.replace_workers(old, self._worker_configs(self.plan, old.generation + 1))

@@ -28,9 +28,14 @@ class GroupHealth:
 
     def lose(self, generation: int, reason: str) -> bool:
         """Mark group ``generation`` lost: the serving one, or a newer one that failed before it
-        served (a replacement that died while loading). False, changing nothing, for a late
-        report about a group already replaced or already marked."""
-        if generation < self.generation or (generation == self.generation and not self.up):
+        served (a replacement that died while loading). False for a late report about a group
+        already replaced, or already marked: that one's ``reason`` (the launcher's, which names
+        the rank whose process died, where the router saw a peer's broken collective) replaces
+        the first."""
+        if generation == self.generation and not self.up:
+            self.down_reason = reason
+            return False
+        if generation < self.generation:
             return False
         if self.up:
             self.down_since = time.monotonic()

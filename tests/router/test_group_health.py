@@ -22,11 +22,12 @@ def test_the_budget_counts_losses_in_a_row_and_a_completed_step_resets_it():
     assert (stats["worker_restarts_total"], stats["group_up"], stats["group_down_reason"]) == (3, 0, "rank 0 died")
 
 
-def test_a_report_about_a_replaced_or_already_lost_group_is_ignored():
+def test_a_report_about_a_replaced_or_already_lost_group_is_ignored_but_names_the_loss():
     health = GroupHealth(max_restarts=3)
-    assert health.lose(0, "the step timed out")
-    assert not health.lose(0, "rank 2 died")  # the launcher's word on the same loss
-    assert health.down_reason == "the step timed out"
+    assert health.lose(0, "rank 1 failed in step 3: Connection closed by peer")
+    # the launcher's word on the same loss: not a second loss, but it names the rank that died
+    assert not health.lose(0, "rank 2 died; rank 1 failed in step 3: Connection closed by peer")
+    assert health.down_reason.startswith("rank 2 died") and health.losses_in_a_row == 1
     health.restored(1)
     assert not health.lose(0, "rank 2 died")  # about group 0, which is gone
     assert health.up and health.losses_in_a_row == 1
