@@ -16,7 +16,11 @@ def merged_cache_info(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {key: sum(info.get(key, 0) for info in infos.values()) for key in SUMMED_FIELDS}
     total.update(
         cache_rates(
-            total["total_requests"], total["cache_hits"], total["prompt_tokens_total"], total["cached_tokens_total"]
+            total["total_requests"],
+            total["cache_hits"],
+            total["prompt_tokens_total"],
+            total["cached_tokens_total"],
+            total["hit_cached_tokens_total"],
         )
     )
     total["token_usage"] = token_usage(total["free_pages"], total["num_pages"])

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from radixcluster.cache_info_fields import RATE_FIELDS, SUMMED_FIELDS, cache_rates, token_usage
+from radixcluster.cache_info_fields import RATE_FIELDS, SUMMED_FIELDS, cache_rates, is_cache_hit, token_usage
 from radixcluster.router.cache.cache_manager import CacheManager
 from radixcluster.router.cache.radix_tree import check
 from radixcluster.router.request import Request
@@ -21,16 +21,19 @@ class SchedulerStats:
     """Monotonic counters; prompt and cached tokens are counted once, at first admission."""
 
     total_requests: int = 0
-    cache_hits: int = 0  # requests whose first admission reused a cached prefix
+    cache_hits: int = 0  # requests whose first admission took half their prompt from the cache (is_cache_hit)
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
+    hit_cached_tokens_total: int = 0  # those of the hits
     retractions_total: int = 0
     # by tenant (--api-key-file): [requests, prompt tokens, cached tokens]
     tenants: dict[str, list[int]] = field(default_factory=dict)
 
     def count_admission(self, prompt_tokens: int, cached_tokens: int, tenant: str | None = None) -> None:
         self.total_requests += 1
-        self.cache_hits += cached_tokens > 0
+        hit = is_cache_hit(prompt_tokens, cached_tokens)
+        self.cache_hits += hit
+        self.hit_cached_tokens_total += cached_tokens if hit else 0
         self.prompt_tokens_total += prompt_tokens
         self.cached_tokens_total += cached_tokens
         if tenant is not None:
@@ -48,9 +51,16 @@ class SchedulerStats:
         return {
             "total_requests": self.total_requests,
             "cache_hits": self.cache_hits,
-            **cache_rates(self.total_requests, self.cache_hits, self.prompt_tokens_total, self.cached_tokens_total),
+            **cache_rates(
+                self.total_requests,
+                self.cache_hits,
+                self.prompt_tokens_total,
+                self.cached_tokens_total,
+                self.hit_cached_tokens_total,
+            ),
             "prompt_tokens_total": self.prompt_tokens_total,
             "cached_tokens_total": self.cached_tokens_total,
+            "hit_cached_tokens_total": self.hit_cached_tokens_total,
             "evicted_tokens_total": tree.evicted_tokens_total,
             "retractions_total": self.retractions_total,
             "tree_nodes": tree.node_count,

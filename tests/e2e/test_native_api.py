@@ -3,6 +3,8 @@ streaming, logprobs), health, server and cache information, flushing, metrics, a
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 import requests
 
@@ -234,6 +236,29 @@ def test_cache_info_has_the_fields_users_read(server):
         assert isinstance(info[key], (int, float)), key
     assert info["cache_hits"] >= 1 and info["total_requests"] >= 2
     assert 0 < info["hit_rate"] <= 1
+
+
+def test_hit_rate_reads_as_the_seed_reads_it(server):
+    """Seed 003: a random id leading each prompt gives a hit rate under 10 %; prompts that share
+    a header are hits. A hit takes at least half of its prompt from the cache."""
+    before = get(server, "/cache_info").json()
+    for i in range(4):
+        generate(server, f"req_id={secrets.token_hex(3)} What is the capital of country number {i}?", max_new_tokens=1)
+    led_by_ids = get(server, "/cache_info").json()
+    assert (
+        led_by_ids["cache_hits"] == before["cache_hits"]
+        and led_by_ids["total_requests"] == before["total_requests"] + 4
+    )
+    header = "你是一个资深Python工程师，请回答以下问题：\n\n" * 3
+    for question in ("如何实现一个LRU缓存？", "如何实现一个LFU缓存？", "如何实现一个FIFO缓存？"):
+        generate(server, header + question, max_new_tokens=1)
+    shared = get(server, "/cache_info").json()
+    assert shared["cache_hits"] == led_by_ids["cache_hits"] + 2
+    hit_tokens = shared["hit_cached_tokens_total"] - led_by_ids["hit_cached_tokens_total"]
+    assert (
+        hit_tokens > 2 * 30
+        and shared["shared_prefix_length_avg"] == shared["hit_cached_tokens_total"] / shared["cache_hits"]
+    )
 
 
 @pytest.mark.parametrize("method", ["POST", "GET"])

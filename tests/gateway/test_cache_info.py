@@ -18,6 +18,7 @@ def info(
         "cache_hits": hits,
         "prompt_tokens_total": prompt,
         "cached_tokens_total": cached,
+        "hit_cached_tokens_total": cached - 10,
         "pinned_tokens": sum(p["tokens"] for p in pins),
         "pins": pins,
         "tenants": tenants,
@@ -38,7 +39,7 @@ def test_counters_sum_rates_follow_pins_are_listed_and_tenants_summed() -> None:
     )
     assert (merged["total_requests"], merged["cache_hits"], merged["pinned_tokens"]) == (10, 3, 32)
     assert merged["hit_rate"] == 0.3 and merged["token_hit_rate"] == 0.2
-    assert merged["shared_prefix_length_avg"] == 100 / 3
+    assert merged["shared_prefix_length_avg"] == 80 / 3  # the hits' cached tokens over the hits
     assert merged["pins"] == [{**pin, "replica": "http://a"}]
     assert merged["tenants"] == {
         "alpha": {"requests": 4, "prompt_tokens_total": 160, "cached_tokens_total": 64},
