@@ -24,7 +24,7 @@ from radixcluster.process_tree import kill_survivors, runtime_dir, started_proce
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.router.text.chat_template import read_chat_template
-from radixcluster.server_args import ServerArgs, http_url, load_tenant_keys, local_url, replica_argv
+from radixcluster.server_args import ServerArgs, announce_ready, load_tenant_keys, local_url, replica_argv
 from radixcluster.stop_flag import StopFlag
 
 logger = logging.getLogger("radixcluster")
@@ -112,7 +112,7 @@ class DataParallelLauncher:
         try:
             urls = self._start()
             if not self.stopping.is_set():  # else a signal came as the gateway came up: on to the stop
-                print(f"radixcluster ready: {http_url(self.args.host, self.args.port)}", flush=True)
+                announce_ready(self.args.host, self.args.port)
                 print(
                     f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}",
                     file=sys.stderr,

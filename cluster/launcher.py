@@ -29,7 +29,13 @@ from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady,
 from radixcluster.ray_cluster import StopRequested
 from radixcluster.replica_plan import Plan, make_plan, omp_env
 from radixcluster.router.text.chat_template import read_chat_template
-from radixcluster.server_args import ServerArgs, http_url, load_tenant_keys, load_tenant_quotas, local_url
+from radixcluster.server_args import (
+    ServerArgs,
+    announce_ready,
+    load_tenant_keys,
+    load_tenant_quotas,
+    local_url,
+)
 from radixcluster.stop_flag import StopFlag
 
 if TYPE_CHECKING:
@@ -104,7 +110,7 @@ class Launcher:
         try:
             router, api = self._start()
             if not self.stopping.is_set():  # else a signal came as the api came up: on to the drain
-                print(f"radixcluster ready: {http_url(self.args.host, self.args.port)}", flush=True)
+                announce_ready(self.args.host, self.args.port)
             failed = self._supervise(router, api)
             return 1 if failed else 0
         except StopRequested:
@@ -141,7 +147,8 @@ class Launcher:
         cache = (
             "disabled (RadixAttention disabled: no prefix sharing)"
             if args.disable_radix_cache
-            else "enabled (RadixAttention enabled, cache sharing active: prefixes shared across requests)"
+            else "enabled (RadixAttention enabled, cache sharing active: prefixes shared across requests; "
+            "Using RadixAttention backend; Enable radix cache for prefix sharing)"
         )
         print(
             f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,14 @@ class ServerArgs:
 def http_url(host: str, port: int) -> str:
     """``http://host:port``, an IPv6 address in brackets."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def announce_ready(host: str, port: int) -> None:
+    """Say the server serves: our line on stdout, and on stderr the line SGLang's server prints
+    then (uvicorn's), which the seed articles, and scripts after them, wait for."""
+    url = http_url(host, port)
+    print(f"radixcluster ready: {url}", flush=True)
+    print(f"INFO:     Uvicorn running on {url} (Press CTRL+C to quit)", file=sys.stderr, flush=True)
 
 
 def local_url(host: str, port: int) -> str:

@@ -47,6 +47,7 @@ from radixcluster.router.grammar import GrammarCache, requested_grammar
 from radixcluster.router.grammar_waits import GrammarWaits
 from radixcluster.router.group_health import GroupHealth
 from radixcluster.router.output_streams import OutputStreams
+from radixcluster.router.prefill_log import log_prefill
 from radixcluster.router.profiling import ProfileControl, ProfileRefused
 from radixcluster.router.request import Request
 from radixcluster.router.request_intake import RequestIntake, RequestRejected
@@ -284,6 +285,9 @@ class Router:
         self._batch = batch = self.scheduler.schedule()
         if batch is None:
             return []
+        used = 1 - self.scheduler.allocator.num_free / self.config.num_pages
+        if batch.is_prefill:
+            log_prefill(batch.forward, batch.requests, len(self.scheduler.running), self.queued(), used)
         result = execute(batch.forward)
         self.group.stepped()
         self.profiles.stepped()
@@ -292,7 +296,6 @@ class Router:
         seconds = time.perf_counter() - start
         self.step_times.observe(seconds)
         if not batch.is_prefill:
-            used = 1 - self.scheduler.allocator.num_free / self.config.num_pages
             self.decode_log.stepped(len(batch.requests), seconds, self.queued(), used)
         return outputs
 

@@ -136,7 +136,10 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert "radix cache enabled (RadixAttention enabled, cache sharing active" in err  # the seed's words
+    # the seeds' words: SGLang's start-up lines they tell a user to look for
+    assert "radix cache enabled (RadixAttention enabled, cache sharing active" in err
+    assert "Using RadixAttention backend" in err and "Enable radix cache for prefix sharing" in err
+    assert f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)" in err
     assert wait_gone(tree, 10) == set()
     # nor its sockets and Ray's session: the reaper removes the runtime dirs after the kill
     assert list(Path(tempfile.gettempdir()).glob(f"radixcluster-{process.pid}-*")) == []

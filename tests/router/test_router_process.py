@@ -169,6 +169,25 @@ def test_decode_log_interval_logs_the_batch_every_that_many_decode_steps(model_p
     assert stats["gen_throughput"] == router.decode_log.gen_throughput()
 
 
+def test_each_prefill_step_logs_sglangs_line_with_the_cached_tokens(router, runner, caplog):
+    """The line users grep for the cache at work (SGLang's "Prefill batch. ... #cached-token")."""
+    header = "You are a careful assistant. Answer briefly and precisely. " * 4
+    with caplog.at_level(logging.INFO, logger="radixcluster.router.prefill_log"):
+        first = next(iter(run(router, runner, request(header + "What is 2+2?")).values()))[-1]
+        second = next(iter(run(router, runner, request(header + "What is 3+3?")).values()))[-1]
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.router.prefill_log"]
+    pattern = r"Prefill batch\. #new-seq: 1, #new-token: (\d+), #cached-token: (\d+), token usage: \d\.\d\d, #running-req: 0, #queue-req: 0"
+    counts = [tuple(map(int, re.fullmatch(pattern, line).groups())) for line in lines]
+    assert (
+        counts
+        == [
+            (first.prompt_tokens, 0),
+            (second.prompt_tokens - second.cached_tokens, second.cached_tokens),
+        ]
+        and second.cached_tokens > 0
+    )
+
+
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
     """--stream-interval 4: a streaming request's outputs carry 1, 4, 4, ... tokens and the
     rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged;
