@@ -273,6 +273,7 @@ class Launcher:
             tenant_quotas=load_tenant_quotas(args.api_key_file) if args.api_key_file else {},
             chat_template=read_chat_template(args.chat_template),
             tokenizer_path=plan.tokenizer_path,
+            server_args=args.reported(),
             log_requests=args.log_requests,
             schedule_conservativeness=args.schedule_conservativeness,
             decode_log_interval=args.decode_log_interval,

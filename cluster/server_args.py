@@ -12,6 +12,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.model_path import resolve_tokenizer_path
@@ -136,6 +137,11 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
     decode_log_interval: int = 40
     allow_auto_truncate: bool = False
+
+    def reported(self) -> dict[str, Any]:
+        """The flags as /server_info reports them (SGLang reports all its server args), the
+        keys left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("api_key", "admin_api_key")}
 
     def __post_init__(self) -> None:
         check_listen_address(self.host, self.port)

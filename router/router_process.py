@@ -110,6 +110,7 @@ class RouterConfig:
     schedule_conservativeness: float = 1.0  # SGLang's: scales the KV held back for running decodes
     decode_log_interval: int = 40  # SGLang's: an INFO line on the decode batch every this many steps
     tokenizer_path: Path | None = None  # --tokenizer-path (None: the model's own)
+    server_args: dict[str, Any] = field(default_factory=dict)  # the command's flags, for /server_info
     # SGLang's --allow-auto-truncate: a prompt over the context keeps its beginning, and an output
     # limit over the room left is lowered to it, instead of a 400
     allow_auto_truncate: bool = False
@@ -459,6 +460,7 @@ class Router:
     def _server_info(self) -> dict:
         c = self.config
         return {
+            **c.server_args,  # what follows is what they came to (a context length, a pool)
             "model_path": str(c.model_path),
             "tokenizer_path": str(self.tokenizer.path),
             "served_model_name": c.served_model_name,

@@ -112,6 +112,9 @@ def test_model_and_server_info_under_every_name_sglang_uses(server):
     assert get(server, "/server_info").json()["model_path"] == info["model_path"]
     server_info = get(server, "/get_server_info").json()
     assert server_info["context_length"] > 0
+    # every flag, as SGLang reports its server args (its default here), the keys left out
+    assert server_info["mem_fraction_static"] is None and server_info["schedule_conservativeness"] == 1.0
+    assert server_info["host"] == "127.0.0.1" and "api_key" not in server_info and "admin_api_key" not in server_info
     assert get(server, "/version").json() == {"version": server_info["version"]}  # vLLM's
 
 
