@@ -188,32 +188,32 @@ def describe_validation_error(exc: ValidationError | RequestValidationError) -> 
 _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
-def _non_finite(literal: str) -> float:
-    raise ValueError(f"{literal} is not a JSON number (numbers must be finite)")
-
-
-def _finite(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise ValueError(f"{literal} is beyond a float's range (numbers must be finite)")
-    return value
-
-
 def parse_json(body: bytes) -> dict[str, Any]:
     """Decode a request body, as a 400 ApiError when it is not a JSON object, not valid unicode,
-    or holds what a JSON parser should not take: NaN, Infinity, a float past the largest
-    finite one, an integer of more digits than Python converts."""
+    or holds what a JSON parser should not take: NaN, Infinity or a float past the largest
+    finite one (named by its field), an integer of more digits than Python converts."""
+    non_finite: list[str] = []  # the literals Python's parser takes beyond JSON
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not math.isfinite(value):
+            non_finite.append(literal)
+        return value
+
     try:
-        value = json.loads(body, parse_constant=_non_finite, parse_float=_finite)
+        value = json.loads(body, parse_constant=number, parse_float=number)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError among them
         raise ApiError(400, f"invalid JSON in the request body: {exc}") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
     if not isinstance(value, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {_JSON_KINDS.get(type(value), 'null')}")
+    if non_finite:
+        field = first_path(value, lambda item: isinstance(item, float) and not math.isfinite(item)) or "the body"
+        raise ApiError(400, f"{field}: {non_finite[0]} is not a finite number (JSON has no Infinity or NaN)", field)
     # a lone surrogate comes from a \u escape (a backslash byte in any of JSON's encodings) or
     # from its code unit's bytes (never ASCII): a body with neither needs no walk
-    where = None if body.isascii() and b"\\" not in body else lone_surrogate(value)
+    where = None if body.isascii() and b"\\" not in body else first_path(value, _unencodable)
     if where is not None:
         # a path through an object key may hold the surrogate itself: escaped, the message is UTF-8
         where = where.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -229,18 +229,33 @@ def parse_json_for(call: str, body: bytes) -> dict[str, Any]:
         raise ApiError(exc.status, f"{call}: {exc.message}") from None
 
 
+def _unencodable(item: object) -> bool:
+    """A string that holds an unpaired UTF-16 surrogate, which JSON's escapes can spell but no
+    UTF-8 text holds."""
+    if not isinstance(item, str):
+        return False
+    try:
+        item.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def lone_surrogate(value: object) -> str | None:
     """The dotted path of the first string (value or key) in ``value`` that holds an unpaired
-    UTF-16 surrogate, which JSON's escapes can spell but no UTF-8 text holds; None if none."""
+    surrogate; None if none."""
+    return first_path(value, _unencodable)
+
+
+def first_path(value: object, bad: Callable[[object], bool]) -> str | None:
+    """The dotted path of the first item of ``value`` (an object's keys included) that is
+    ``bad``; "" for ``value`` itself, None if none."""
     stack: list[tuple[str, object]] = [("", value)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return path
-        elif isinstance(item, dict):
+        if bad(item):
+            return path
+        if isinstance(item, dict):
             for key, child in item.items():
                 child_path = f"{path}.{key}" if path else str(key)
                 stack.append((child_path, key))

@@ -289,18 +289,17 @@ def test_paired_surrogates_and_deep_nesting() -> None:
 @pytest.mark.parametrize(
     "body, says",
     [
-        (b'{"tools": [{"maxLength": Infinity}]}', "Infinity is not a JSON number"),
-        (b'{"chat_template_kwargs": {"x": NaN}}', "NaN is not a JSON number"),
-        (b'{"x": -1e999}', "-1e999 is beyond a float's range"),
-        (b'{"seed": ' + b"9" * 5000 + b"}", "Exceeds the limit (4300 digits)"),
+        (b'{"tools": [{"maxLength": Infinity}]}', "tools.0.maxLength: Infinity is not a finite number"),
+        (b'{"chat_template_kwargs": {"x": NaN}}', "chat_template_kwargs.x: NaN is not a finite number"),
+        (b'{"x": -1e999}', "x: -1e999 is not a finite number"),
+        (b'{"seed": ' + b"9" * 5000 + b"}", "invalid JSON in the request body: Exceeds the limit (4300 digits)"),
     ],
 )
 def test_what_python_parses_beyond_json_is_a_400_wherever_it_is(body: bytes, says: str) -> None:
     # free-form fields (a tool's schema, template variables) have no typed field to refuse it
     with pytest.raises(ApiError) as info:
         parse_json(body)
-    assert info.value.status == 400 and info.value.message.startswith("invalid JSON in the request body")
-    assert says in info.value.message
+    assert info.value.status == 400 and info.value.message.startswith(says)
     assert parse_json(b'{"order_id": 98765432109876543210, "x": 1e308}')["order_id"] == 98765432109876543210
 
 
