@@ -20,8 +20,8 @@ class ChoicesDecision:
 
 
 class ChoicesSamplingMethod:
-    """A rule that picks a choice; ``requires_unconditional_logprobs``: it also needs each
-    choice's tokens scored alone, without the prompt (one more request)."""
+    """A rule that picks a choice (SGLang's call signature); ``requires_unconditional_logprobs``:
+    it also needs each choice's tokens scored alone, without the prompt (one more request)."""
 
     requires_unconditional_logprobs = False
 
@@ -34,6 +34,18 @@ class ChoicesSamplingMethod:
         output_token_logprobs: list[Entries],
         unconditional_token_logprobs: list[Entries] | None = None,
     ) -> ChoicesDecision:
+        best, found = self.pick(normalized_prompt_logprobs, input_token_logprobs, unconditional_token_logprobs)
+        meta = {
+            "normalized_prompt_logprobs": normalized_prompt_logprobs,
+            "input_token_logprobs": input_token_logprobs,
+            "output_token_logprobs": output_token_logprobs,
+        }
+        return ChoicesDecision(choices[best], meta | found)
+
+    def pick(
+        self, normalized: list[float], inputs: list[Entries], unconditional: list[Entries] | None
+    ) -> tuple[int, dict[str, Any]]:
+        """The index of the choice picked, and what the rule found, for the meta info."""
         raise NotImplementedError
 
 
@@ -51,24 +63,13 @@ def _best(scores: list[float]) -> int:
     return max(range(len(scores)), key=scores.__getitem__)
 
 
-def _meta(normalized: list[float], inputs: list[Entries], outputs: list[Entries]) -> dict[str, Any]:
-    return {"normalized_prompt_logprobs": normalized, "input_token_logprobs": inputs, "output_token_logprobs": outputs}
-
-
 class TokenLengthNormalized(ChoicesSamplingMethod):
     """The highest mean logprob per token (SGLang's default)."""
 
-    def __call__(
-        self,
-        *,
-        choices: list[str],
-        normalized_prompt_logprobs: list[float],
-        input_token_logprobs: list[Entries],
-        output_token_logprobs: list[Entries],
-        unconditional_token_logprobs: list[Entries] | None = None,
-    ) -> ChoicesDecision:
-        meta = _meta(normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs)
-        return ChoicesDecision(choices[_best(normalized_prompt_logprobs)], meta)
+    def pick(
+        self, normalized: list[float], inputs: list[Entries], unconditional: list[Entries] | None
+    ) -> tuple[int, dict[str, Any]]:
+        return _best(normalized), {}
 
 
 class GreedyTokenSelection(ChoicesSamplingMethod):
@@ -76,62 +77,41 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
     left (the first of a tie after the last token). A shorter choice continues at its mean
     logprob, so that a choice that is a prefix of a longer one competes with it."""
 
-    def __call__(
-        self,
-        *,
-        choices: list[str],
-        normalized_prompt_logprobs: list[float],
-        input_token_logprobs: list[Entries],
-        output_token_logprobs: list[Entries],
-        unconditional_token_logprobs: list[Entries] | None = None,
-    ) -> ChoicesDecision:
-        rows = [scored(entries) for entries in input_token_logprobs]
+    def pick(
+        self, normalized: list[float], inputs: list[Entries], unconditional: list[Entries] | None
+    ) -> tuple[int, dict[str, Any]]:
+        rows = [scored(entries) for entries in inputs]
         width = max(len(row) for row in rows)
         matrix = [row + [mean(row)] * (width - len(row)) for row in rows]
-        remaining = list(range(len(choices)))
+        remaining = list(range(len(rows)))
         for column in range(width):
             top = max(matrix[i][column] for i in remaining)
             remaining = [i for i in remaining if matrix[i][column] == top]
             if len(remaining) == 1:
                 break
-        meta = _meta(normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs)
-        return ChoicesDecision(choices[remaining[0]], {**meta, "greedy_logprob_matrix": matrix})
+        return remaining[0], {"greedy_logprob_matrix": matrix}
 
 
 class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
-    """The highest mean of (logprob after the prompt − logprob of the same tokens alone): what
+    """The highest mean of (logprob after the prompt - logprob of the same tokens alone): what
     the prompt adds to each choice, so that choices likely anywhere do not win by that alone.
     A token without an unconditional logprob (the first alone) counts 0 there."""
 
     requires_unconditional_logprobs = True
 
-    def __call__(
-        self,
-        *,
-        choices: list[str],
-        normalized_prompt_logprobs: list[float],
-        input_token_logprobs: list[Entries],
-        output_token_logprobs: list[Entries],
-        unconditional_token_logprobs: list[Entries] | None = None,
-    ) -> ChoicesDecision:
-        if unconditional_token_logprobs is None:
+    def pick(
+        self, normalized: list[float], inputs: list[Entries], unconditional: list[Entries] | None
+    ) -> tuple[int, dict[str, Any]]:
+        if unconditional is None:
             raise ValueError("unconditional_likelihood_normalized needs the choices' unconditional token logprobs")
         gains = [
             mean(
-                [
-                    given[0] - (alone[0] or 0.0)
-                    for given, alone in zip(inputs, alones, strict=True)
-                    if given[0] is not None
-                ]
+                [given[0] - (alone[0] or 0.0) for given, alone in zip(row, alones, strict=True) if given[0] is not None]
             )
-            for inputs, alones in zip(input_token_logprobs, unconditional_token_logprobs, strict=True)
+            for row, alones in zip(inputs, unconditional, strict=True)
         ]
-        meta = _meta(normalized_prompt_logprobs, input_token_logprobs, output_token_logprobs)
-        meta |= {
-            "unconditional_token_logprobs": unconditional_token_logprobs,
-            "normalized_unconditional_prompt_logprobs": gains,
-        }
-        return ChoicesDecision(choices[_best(gains)], meta)
+        found = {"unconditional_token_logprobs": unconditional, "normalized_unconditional_prompt_logprobs": gains}
+        return _best(gains), found
 
 
 token_length_normalized = TokenLengthNormalized()
