@@ -4,8 +4,8 @@
 - ``in_flight``: the tree changed between placement and admission in a way the view could
   not know: blocks another request was computing landed first, or a pending prompt shared
   too short a run with this one for the router to make it wait, so both computed it;
-- ``tokenization``: the router's prompt is not the one the gateway encoded (the router
-  truncated it, or the replica's tokenizer is not the gateway's);
+- ``tokenization``: the router's ids are not a fresh encode of the text (it reuses the ids
+  of an earlier prompt + answer that the text extends: the prompt memo);
 - ``stale_view``: the view was being resynced when the request was placed.
 
 A cache salt never explains a gap: the gateway names blocks with the salt as the router does.

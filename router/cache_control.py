@@ -83,7 +83,7 @@ class CacheControl:
             cache_salt=args.get("cache_salt"),
             tenant=args.get("tenant"),
         )
-        return self.intake.prompt(msg)
+        return self.intake.prompt(msg)[1]
 
 
 def _salt(args: dict[str, Any]) -> str | None:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from radixcluster.protocol import GenerateRequest, RequestOutput
 from radixcluster.router.request import Request
 from radixcluster.router.text.detokenizer import INCOMPLETE, IncrementalDetokenizer, StopChecker
+from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.stop_regex import RegexStopChecker, StopRegexTimeout
 from radixcluster.router.text.tokenizer import Tokenizer
 
@@ -22,6 +25,7 @@ class _Stream:
     detok: IncrementalDetokenizer
     stops: StopChecker
     regexes: RegexStopChecker
+    prompt_text: str | None
     skip_special: bool = True  # the text leaves special tokens out
     token_texts: bool = False  # logprob entries carry token text
     prompt_ids: bool = False  # the next output carries the prompt's ids (once)
@@ -92,11 +96,12 @@ class _Stream:
 @dataclass(slots=True)
 class OutputStreams:
     tokenizer: Tokenizer
+    memo: PromptMemo
     stream_interval: int = 1
     generated_tokens_total: int = 0
     _streams: dict[str, _Stream] = field(default_factory=dict)
 
-    def open(self, msg: GenerateRequest, request: Request) -> None:
+    def open(self, msg: GenerateRequest, request: Request, prompt_text: str | None) -> None:
         s = msg.sampling
         self._streams[msg.rid] = _Stream(
             request=request,
@@ -105,6 +110,7 @@ class OutputStreams:
             detok=IncrementalDetokenizer(self.tokenizer, s.skip_special_tokens),
             stops=StopChecker(s.stop, s.no_stop_trim),
             regexes=RegexStopChecker(s.stop_regex),
+            prompt_text=prompt_text,
             skip_special=s.skip_special_tokens,
             token_texts=msg.return_text_in_logprobs,
             prompt_ids=msg.return_prompt_ids,
@@ -152,6 +158,8 @@ class OutputStreams:
             if req.finished:
                 del self._streams[req.rid]
                 out.finished, out.finish_reason = True, req.finish_reason
+                if not stopped:
+                    self._remember(stream)
             # the held delta holds every id sent so far when none went to the api yet
             first = len(out.output_ids) == stream.sent_ids
             if out.finished or (stream.stream and len(out.output_ids) >= (1 if first else stream.interval)):
@@ -198,6 +206,23 @@ class OutputStreams:
     def _token_texts(self, ids: set[int]) -> dict[int, str]:
         """Each token's own text, special tokens spelled out (SGLang's return_text_in_logprobs)."""
         return {t: self.tokenizer.decode([t], skip_special_tokens=False) for t in ids}
+
+    def _remember(self, stream: _Stream) -> None:
+        """Memo the finished prompt + answer text with the ids that produced it, when the ids
+        spell exactly that text (no stop string cut it, no special token hides in it)."""
+        req = stream.request
+        ids = list(req.output_ids)
+        while ids and self.tokenizer.is_special(ids[-1]):
+            ids.pop()  # an end-of-sequence token: no text, and the next turn's template closes the turn
+        if stream.prompt_text is None or any(self.tokenizer.is_special(t) for t in ids):
+            return
+        if self.tokenizer.decode(ids) != stream.text:
+            return
+        self.memo.remember(
+            stream.prompt_text + stream.text,
+            np.concatenate([req.prompt_ids, np.asarray(ids, dtype=np.int32)]),
+            req.cache_salt,
+        )
 
 
 def _entry_ids(input_entries: list[list[Any]], input_tops: list[Any], output_entries: list[list[Any]]) -> set[int]:

@@ -14,6 +14,7 @@ import numpy as np
 from radixcluster.block_hash import ForgedSalt, tenant_salt
 from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, PromptPin, PromptTokens
 from radixcluster.router.request import Request
+from radixcluster.router.text.prompt_memo import PromptMemo
 from radixcluster.router.text.prompt_text import prompt_text
 from radixcluster.router.text.tokenizer import Tokenizer
 
@@ -47,8 +48,9 @@ class RequestIntake:
         self.pool_tokens = pool_tokens
         self.auto_truncate = auto_truncate
         self.max_text_chars = context_length * tokenizer.longest_token_chars()
+        self.memo = PromptMemo()
         # the text encoded last and its ids: the n samples of one prompt arrive one after another
-        self._last: tuple[str, bool, np.ndarray] | None = None  # text, add_special, ids
+        self._last: tuple[str | None, str, bool, np.ndarray] | None = None  # salt, text, add_special, ids
 
     def check_text(self, text: str, what: str = "the prompt") -> None:
         """RequestRejected when ``text`` is longer than any prompt can be."""
@@ -69,13 +71,12 @@ class RequestIntake:
                 "holds fewer (every message takes a token at least)"
             )
 
-    def prompt(self, msg: GenerateRequest) -> np.ndarray:
-        """The prompt's token ids; a chat is rendered with the model's template first. A text is encoded afresh every time, as SGLang and vLLM encode
-        it: an earlier answer's ids, when the model wrote them otherwise than the tokenizer would,
-        are not reused (the prompt would depend on what the server answered before, and put
-        spellings the model was not trained on before it)."""
+    def prompt(self, msg: GenerateRequest) -> tuple[str | None, np.ndarray]:
+        """The prompt's text (None for input_ids) and token ids; a chat is rendered with the
+        model's template first. A text that extends one the router produced whole (an earlier
+        prompt + answer) keeps that text's ids and encodes only the rest."""
         if msg.input_ids is not None:
-            return _token_ids(msg.input_ids, "input_ids")
+            return None, _token_ids(msg.input_ids, "input_ids")
         if msg.messages is None and msg.text is None:
             raise RequestRejected("one of text, input_ids or messages is required")
         if msg.messages is not None:
@@ -87,24 +88,38 @@ class RequestIntake:
         except ValueError as exc:
             raise RequestRejected(f"invalid chat messages: {exc}") from exc
         self.check_text(text)
-        if self._last is not None and self._last[:2] == (text, add_special):
-            return self._last[2]
-        ids = self._encode(text, add_special, msg.tokens)
-        self._last = (text, add_special, ids)
-        return ids
+        salt = _salt(msg)
+        if self._last is not None and self._last[:3] == (salt, text, add_special):
+            return text, self._last[3]
+        ids = self._encode(text, add_special, msg.tokens, salt)
+        self._last = (salt, text, add_special, ids)
+        return text, ids
 
-    def _encode(self, text: str, add_special: bool, given: PromptTokens | None) -> np.ndarray:
-        """The gateway's ids if its tokenizer is this one, else the tokenizer's."""
-        if given is not None and given.tokenizer == self.tokenizer.fingerprint:
+    def _encode(self, text: str, add_special: bool, given: PromptTokens | None, salt: str | None) -> np.ndarray:
+        """The memo's ids first (those remembered under the request's salt; the gateway in
+        front has no memo), then the gateway's ids if its tokenizer is this one, else the
+        tokenizer's."""
+        known = self.memo.longest_prefix(text, salt)
+        if known is not None and not self.tokenizer.splits_at(text, len(known[0])):
+            known = None  # the text goes on inside its last piece ("mountain" + "s"): encoded whole
+        if known is None and given is not None and given.tokenizer == self.tokenizer.fingerprint:
             return given.ids.astype(np.int64)
-        return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
+        if known is None:
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=add_special), dtype=np.int64)
+        known_text, known_ids = known
+        rest = self.tokenizer.encode(text[len(known_text) :], add_special_tokens=False)
+        return np.concatenate([known_ids, np.asarray(rest, dtype=np.int32)]).astype(np.int64)
 
-    def make_request(self, msg: GenerateRequest) -> Request:
-        """The scheduler's request (without its grammar)."""
+    def make_request(self, msg: GenerateRequest) -> tuple[Request, str | None]:
+        """The scheduler's request (without its grammar) and the prompt's text (for the memo once
+        it finishes)."""
         _check_integers(msg)
         _check_floats(msg)
         sampling = msg.sampling
-        ids = self._truncated(msg, self.prompt(msg).reshape(-1))
+        text, whole = self.prompt(msg)
+        ids = self._truncated(msg, whole.reshape(-1))
+        if ids.size < whole.size:
+            text = None  # its ids are no longer the text's: nothing for the memo
         if ids.size == 0:
             raise RequestRejected("the prompt is empty: at least one token is needed")
         self._check_ids(ids, "input_ids")
@@ -143,7 +158,7 @@ class RequestIntake:
             logprob_start_len=_logprob_start(msg.logprob_start_len, int(ids.size)),
             pins=[(self._pin_prefix(msg, pin, ids), pin.ttl_s) for pin in msg.pins],
         )
-        return request
+        return request, text
 
     def _truncated(self, msg: GenerateRequest, ids: np.ndarray) -> np.ndarray:
         """The prompt's ids after vLLM's truncate_prompt_tokens (its last ones kept) and SGLang's
@@ -194,7 +209,7 @@ class RequestIntake:
         text = self.tokenizer.apply_chat_template(
             msg.messages[: pin.messages], False, msg.tools, template_kwargs=msg.chat_template_kwargs
         )
-        return self._encode(text, False, None).astype(np.int32)
+        return self._encode(text, False, None, _salt(msg)).astype(np.int32)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int, name: str) -> None:
         """``name``: the client's name of max_new_tokens."""
@@ -217,7 +232,7 @@ class RequestIntake:
 
 
 def _salt(msg: GenerateRequest) -> str | None:
-    """The salt its prompt's cache lives under: its tenant's and its own."""
+    """The salt its prompt's cache (and the memo's texts) live under: its tenant's and its own."""
     try:
         return tenant_salt(msg.tenant, msg.cache_salt)
     except ForgedSalt as exc:

@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 Executor = Callable[[ForwardBatch], StepResult]
 # what a request that waits for its grammar carries until it can be queued
-Pending = tuple[GenerateRequest, Request]
+Pending = tuple[GenerateRequest, Request, "str | None"]
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
 # how long the loop sleeps in a poll: idle, or only waiting for grammars to compile
@@ -152,7 +152,7 @@ class Router:
         )
         self.grammars = GrammarCache(self.tokenizer, model_config.vocab_size, config.json_any_whitespace)
         self.compiling: GrammarWaits[Pending] = GrammarWaits(self.grammars)
-        self.streams = OutputStreams(self.tokenizer, config.stream_interval)
+        self.streams = OutputStreams(self.tokenizer, self.intake.memo, config.stream_interval)
         self.step_times = StepTimes()
         self.request_log = RequestLog(config.log_requests)
         self.decode_log = DecodeLog(config.decode_log_interval)
@@ -226,19 +226,19 @@ class Router:
             if not self.group.up:
                 return [_failed(msg.rid, f"{self._group_down_message()}; {queued} requests wait; retry later", 503)]
             return [_failed(msg.rid, f"the server is busy: {queued} requests are queued; retry later", 429)]
-        request = self.intake.make_request(msg)
+        request, prompt_text = self.intake.make_request(msg)
         key = requested_grammar(msg.sampling)
         if key is not None:
             compiled = self.grammars.lookup(key)
             if compiled is None:
-                self.compiling.add(msg.rid, key, (msg, request))
+                self.compiling.add(msg.rid, key, (msg, request, prompt_text))
                 return []
             request.grammar = self.grammars.matcher(compiled)
-        self._queue(msg, request)
+        self._queue(msg, request, prompt_text)
         return []
 
-    def _queue(self, msg: GenerateRequest, request: Request) -> None:
-        self.streams.open(msg, request)
+    def _queue(self, msg: GenerateRequest, request: Request, prompt_text: str | None) -> None:
+        self.streams.open(msg, request, prompt_text)
         self.scheduler.add_request(request)
         self.request_log.queued(request)
 
@@ -329,13 +329,13 @@ class Router:
     def _admit_compiled(self) -> list[RequestOutput]:
         outputs = []
         for done in self.compiling.finished():
-            msg, request = done.payload
+            msg, request, prompt_text = done.payload
             if done.grammar is None:
                 outputs.append(_failed(msg.rid, done.error or "the grammar did not compile", done.status))
                 continue
             request.grammar = done.grammar
             try:
-                self._queue(msg, request)
+                self._queue(msg, request, prompt_text)
             except Exception:
                 logger.exception("queueing request %s failed", msg.rid)
                 self._forget(msg.rid)

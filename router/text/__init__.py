@@ -1,1 +1,1 @@
-"""Text in and out of the router: tokenizers (GGUF or tokenizer.json), chat templates, and incremental detokenizing with stop strings."""
+"""Text in and out of the router: tokenizers (GGUF or tokenizer.json), chat templates, incremental detokenizing with stop strings, and the prompt memo."""

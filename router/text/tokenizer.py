@@ -16,8 +16,8 @@ from radixcluster.router.text.chat_template import render_chat_template
 from radixcluster.router.text.gguf_tokenizer import load_gguf_tokenizer
 from radixcluster.router.text.piece_encoder import PieceEncoder
 
-# characters before a text's end that shared_by_continuations pre-tokenizes: a piece (a word, a
-# number's digit, a run of spaces or punctuation) is decided by its neighbours
+# characters on each side of an offset that splits_at pre-tokenizes: a piece (a word, a number's
+# digit, a run of spaces or punctuation) is decided by its neighbours
 SPLIT_WINDOW = 64
 # a byte-fallback vocabulary entry (SentencePiece's): one byte of a character the vocabulary lacks
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -77,6 +77,20 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
             return [self.bos_token_id, *ids]
         return ids
+
+    def splits_at(self, text: str, offset: int) -> bool:
+        """Whether encoding ``text`` gives the ids of ``text[:offset]`` and then those of the
+        rest: an added token starts there, or the pre-tokenizer cuts the text there (its pieces
+        are encoded apart; looked at in a window around ``offset``, as its rules are local).
+        Without a pre-tokenizer, only an added token is known to cut."""
+        if offset <= 0 or offset >= len(text) or text.startswith(self.added_texts, offset):
+            return True
+        pre = self.backend.pre_tokenizer
+        if pre is None:
+            return False
+        start = max(0, offset - SPLIT_WINDOW)
+        pieces = pre.pre_tokenize_str(text[start : offset + SPLIT_WINDOW])
+        return any(begin == offset - start for _, (begin, _) in pieces)
 
     def shared_by_continuations(self, text: str) -> int:
         """How much of ``text`` every longer text that starts with it encodes the same way: all of

@@ -40,14 +40,14 @@ def intake(tokenizer) -> RequestIntake:
 
 
 def router_ids(tokenizer, **fields) -> list[int]:
-    """The ids the router serves for a prompt."""
-    return intake(tokenizer).prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields)).tolist()
+    """The ids the router serves for a fresh prompt (no earlier answer in its memo)."""
+    return intake(tokenizer).prompt(GenerateRequest(rid="x", sampling=SamplingParams(), **fields))[1].tolist()
 
 
 def router_salt(tokenizer, tenant: str | None, cache_salt: str | None) -> str | None:
     """The salt the router caches a request of ``tenant`` under."""
     msg = GenerateRequest(rid="x", sampling=SamplingParams(), text="Hi", tenant=tenant, cache_salt=cache_salt)
-    return intake(tokenizer).make_request(msg).cache_salt
+    return intake(tokenizer).make_request(msg)[0].cache_salt
 
 
 def test_a_tenants_prompts_are_salted_as_the_router_salts_them(reader, tokenizer) -> None:
@@ -191,14 +191,14 @@ def test_the_replica_is_handed_the_ids_and_serves_them_as_its_own(reader, tokeni
     # the router takes them for its prompt; a text it has them for is not tokenized again
     text = {"text": "The capital of France is"} if kind != CHAT else {"messages": body["messages"]}
     msg = GenerateRequest(rid="x", sampling=SamplingParams(), tokens=seen[-1].tokens, **text)
-    assert intake(tokenizer).prompt(msg).tolist() == seen[-1].tokens.ids.tolist()
+    assert intake(tokenizer).prompt(msg)[1].tolist() == seen[-1].tokens.ids.tolist()
 
 
 def test_ids_from_another_tokenizer_or_for_ids_prompts_are_not_taken(reader, tokenizer) -> None:
     body = {"text": "The capital of France is"}
     foreign = PromptTokens("another tokenizer", np.array([1, 2, 3], np.int32))
     msg = GenerateRequest(rid="x", sampling=SamplingParams(), tokens=foreign, **body)
-    assert intake(tokenizer).prompt(msg).tolist() == router_ids(tokenizer, **body)
+    assert intake(tokenizer).prompt(msg)[1].tolist() == router_ids(tokenizer, **body)
     ids_only = {"input_ids": [[5, 6], [7, 8]]}
     assert reader.read(NATIVE, ids_only).gateway_tokens is None
     mixed = {"text": ["a", "b"], "input_ids": None}
@@ -210,6 +210,16 @@ def test_ids_from_another_tokenizer_or_for_ids_prompts_are_not_taken(reader, tok
     assert routed.replica_body(utf16, LIMIT) == utf16
     assert routed.replica_body(b" " + raw, LIMIT) == b" " + raw
     assert routed.replica_body(raw, len(raw) + 10) == raw  # it would not fit the replica's limit
+
+
+def test_the_memo_of_answers_comes_before_the_gateways_ids(tokenizer) -> None:
+    """The next turn of a chat keeps the ids the model generated (the gateway has no memo)."""
+    router = intake(tokenizer)
+    earlier = "An earlier prompt and the answer the model gave to it"
+    router.memo.remember(earlier, np.array([9, 9, 9], np.int32))
+    given = PromptTokens(tokenizer.fingerprint, np.array([1, 2, 3, 4], np.int32))
+    msg = GenerateRequest(rid="x", sampling=SamplingParams(), text=earlier + " and a next turn", tokens=given)
+    assert router.prompt(msg)[1].tolist()[:3] == [9, 9, 9]
 
 
 def test_the_match_limit_is_all_but_the_last_token_and_not_past_the_first_logprob(reader) -> None:

@@ -25,9 +25,9 @@ def generate(**sampling) -> GenerateRequest:
 
 
 def test_a_logit_bias_becomes_the_requests_bias_rows(intake: RequestIntake) -> None:
-    request = intake.make_request(generate(logit_bias={28: 5.0, 0: -100.0}))
+    request, _ = intake.make_request(generate(logit_bias={28: 5.0, 0: -100.0}))
     assert request.bias_ids.tolist() == [28, 0] and request.bias_values.tolist() == [5.0, -100.0]
-    plain = intake.make_request(generate())
+    plain, _ = intake.make_request(generate())
     assert plain.bias_ids.size == 0
 
 
@@ -56,9 +56,9 @@ def test_a_default_limit_gives_way_to_the_room_the_prompt_leaves(model_path) -> 
         return GenerateRequest(rid="r", sampling=sampling, input_ids=long_prompt)
 
     # the pool (8,000 tokens) is the tighter bound here: 100 new tokens fit after the prompt
-    request_ = intake.make_request(request(512, is_default=True))
+    request_, _ = intake.make_request(request(512, is_default=True))
     assert request_.sampling.max_new_tokens == 100
-    short = intake.make_request(generate(max_new_tokens_is_default=True))
+    short, _ = intake.make_request(generate(max_new_tokens_is_default=True))
     assert short.sampling.max_new_tokens == 4  # room enough: the default stands
     with pytest.raises(RequestRejected, match=r"\+ max_new_tokens \(512\)"):
         intake.make_request(request(512, is_default=False))  # a limit the client set is refused as before
@@ -91,9 +91,8 @@ def test_a_pinned_message_of_a_chat_with_tools_is_a_prefix_of_its_prompt(model_p
     msg = GenerateRequest(
         rid="r", sampling=SamplingParams(max_new_tokens=4), messages=messages, tools=tools, pins=[PromptPin(60.0, 1)]
     )
-    request = intake.make_request(msg)
+    request, text = intake.make_request(msg)
     ((pinned, ttl),) = request.pins
-    text = tokenizer.decode(request.prompt_ids.tolist(), skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\nTools:\n") and ttl == 60.0
     assert 0 < pinned.size < request.prompt_ids.size
     assert request.prompt_ids[: pinned.size].tolist() == pinned.tolist()
@@ -117,14 +116,23 @@ def truncating(keep: int | None, ids: list[int], **fields) -> GenerateRequest:
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(model_path) -> None:
     intake = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=1000)
     ids = list(range(100, 200))
-    assert intake.make_request(truncating(10, ids)).prompt_ids.tolist() == ids[-10:]
-    assert intake.make_request(truncating(30, ids[:5])).prompt_ids.tolist() == ids[:5]  # shorter: whole
+    assert intake.make_request(truncating(10, ids))[0].prompt_ids.tolist() == ids[-10:]
+    assert intake.make_request(truncating(30, ids[:5]))[0].prompt_ids.tolist() == ids[:5]  # shorter: whole
     # -1 keeps what the context holds, which leaves no room for an answer
     with pytest.raises(RequestRejected, match="prompt is too long: 64 tokens > 63 maximum"):
         intake.make_request(truncating(-1, ids))
     for keep, why in ((65, "at most this model's context length of 64, got 65"), (-2, "got -2"), (0, "empty")):
         with pytest.raises(RequestRejected, match=why):
             intake.make_request(truncating(keep, ids))
+
+
+def test_a_truncated_text_prompt_leaves_nothing_for_the_memo(intake: RequestIntake) -> None:
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    request = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=4), text=text, truncate_prompt_tokens=5)
+    truncated, memo_text = intake.make_request(request)
+    whole, whole_text = intake.make_request(dataclasses.replace(request, truncate_prompt_tokens=None))
+    assert truncated.prompt_ids.tolist() == whole.prompt_ids[-5:].tolist()
+    assert (memo_text, whole_text) == (None, text)
 
 
 def test_truncating_a_chat_pinned_from_its_start_is_refused(intake: RequestIntake) -> None:
@@ -135,7 +143,7 @@ def test_truncating_a_chat_pinned_from_its_start_is_refused(intake: RequestIntak
     with pytest.raises(RequestRejected, match="cache_control pins"):
         intake.make_request(dataclasses.replace(pinned, truncate_prompt_tokens=3))
     # a limit the chat fits in cuts nothing
-    assert intake.make_request(dataclasses.replace(pinned, truncate_prompt_tokens=1000)).pins
+    assert intake.make_request(dataclasses.replace(pinned, truncate_prompt_tokens=1000))[0].pins
 
 
 def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_path, caplog) -> None:
@@ -143,11 +151,11 @@ def test_auto_truncation_keeps_the_prompts_beginning_and_lowers_the_limit(model_
     ids = list(range(100, 200))
     request = GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=32), input_ids=ids)
     with caplog.at_level("WARNING"):
-        truncated = intake.make_request(request)
+        truncated, _ = intake.make_request(request)
     assert truncated.prompt_ids.tolist() == ids[:63] and truncated.sampling.max_new_tokens == 1
     assert "a prompt of 100 tokens leaves no room (this model's context length is 64" in caplog.text
     # a prompt that fits keeps its tokens; its limit is lowered to the room, not refused
-    fitting = intake.make_request(dataclasses.replace(request, input_ids=ids[:40]))
+    fitting, _ = intake.make_request(dataclasses.replace(request, input_ids=ids[:40]))
     assert fitting.prompt_ids.tolist() == ids[:40] and fitting.sampling.max_new_tokens == 24
     # without the flag the same requests are refused
     strict = RequestIntake(load_tokenizer(model_path), VOCAB, context_length=64, pool_tokens=1000)
@@ -168,8 +176,27 @@ def test_a_pool_smaller_than_the_context_bounds_prompts_as_the_context_would(mod
         small.make_request(request)
     assert refused.value.param is None
     truncating = RequestIntake(load_tokenizer(model_path), VOCAB, 2048, pool_tokens=64, auto_truncate=True)
-    cut = truncating.make_request(request)
+    cut, _ = truncating.make_request(request)
     assert cut.prompt_ids.tolist() == ids[:63] and cut.sampling.max_new_tokens == 1
+
+
+def test_the_memos_ids_are_used_only_where_the_encoder_cuts_the_text_too(model_path) -> None:
+    """A prompt that extends a remembered prompt + answer reuses its ids up to there, unless the
+    text goes on inside the last piece: "mountain" + "s" is encoded whole, as with no memo."""
+    tokenizer = load_tokenizer(model_path)
+    intake = RequestIntake(tokenizer, VOCAB, context_length=8192, pool_tokens=100_000)
+    remembered = "Once upon a time there was a small town between two mountain"
+    generated = tokenizer.encode(remembered[:-4]) + tokenizer.encode("tain", add_special_tokens=False)
+    intake.memo.remember(remembered, generated)
+
+    def ids(text: str) -> list[int]:
+        request, _ = intake.make_request(GenerateRequest(rid="r", sampling=SamplingParams(max_new_tokens=1), text=text))
+        return request.prompt_ids.tolist()
+
+    assert ids(remembered + " and a river") == generated + tokenizer.encode(" and a river", add_special_tokens=False)
+    assert ids(remembered + "s and a river") == tokenizer.encode(remembered + "s and a river")
+    assert ids(remembered + "<|im_end|>") == generated + tokenizer.encode("<|im_end|>", add_special_tokens=False)
+    assert tokenizer.splits_at("a.<|im_end|>", 2) and not tokenizer.splits_at("mountains", 8)
 
 
 def test_a_limit_past_the_context_is_refused_in_the_clients_name_of_it(intake: RequestIntake) -> None:

@@ -281,11 +281,9 @@ def test_prompt_top_logprobs_equal_the_reference(router, runner, hf_tokenizer, h
         np.testing.assert_allclose([v for v, _ in top], values.tolist(), rtol=1e-4, atol=1e-4)
 
 
-def test_the_next_chat_turn_is_encoded_as_the_tokenizer_encodes_it(router, runner, config):
-    """Sampled text need not re-encode to the ids that produced it; the next turn's prompt is
-    still the tokenizer's encoding of its chat, whatever was answered before (as SGLang and vLLM
-    encode it: the same request, the same prompt, on any replica), and the cache serves it up
-    to where the two spellings part, the whole earlier prompt at least."""
+def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
+    """Sampled text need not re-encode to the ids that produced it; the next turn must still
+    hit the whole previous prompt + answer."""
     first_turn = [{"role": "user", "content": "写一首关于大海的短诗。"}]
     sampling = {"temperature": 1.0, "seed": 8, "max_new_tokens": 40}  # its answer re-encodes differently from token 14
     first = request(messages=first_turn, sampling=dict(sampling))
@@ -296,11 +294,9 @@ def test_the_next_chat_turn_is_encoded_as_the_tokenizer_encodes_it(router, runne
         {"role": "user", "content": "再写一首。"},
     ]
     second = request(messages=second_turn, sampling=dict(sampling))
-    fresh = Router(config).intake.make_request(second).prompt_ids.tolist()
-    assert router.intake.make_request(second).prompt_ids.tolist() == fresh
     reply = run(router, runner, second)[second.rid][-1]
     answer_ids = [t for t in answer.output_ids if t not in router.tokenizer.eos_token_ids]
-    assert answer.prompt_tokens <= reply.cached_tokens < answer.prompt_tokens + len(answer_ids) - 1
+    assert reply.cached_tokens >= answer.prompt_tokens + len(answer_ids) - 1
 
 
 def test_abort_all_ends_every_request(router, runner):
