@@ -95,6 +95,11 @@ class RequestIntake:
         self._last = (salt, text, add_special, ids)
         return text, ids
 
+    def encode(self, text: str, add_special: bool) -> list[int]:
+        """``text``'s ids as a prompt's are made, the memo's first: what /tokenize and the
+        count endpoints answer, so that they count what the chat would run."""
+        return self._encode(text, add_special, None, None).tolist()
+
     def _encode(self, text: str, add_special: bool, given: PromptTokens | None, salt: str | None) -> np.ndarray:
         """The memo's ids first (those remembered under the request's salt; the gateway in
         front has no memo), then the gateway's ids if its tokenizer is this one, else the

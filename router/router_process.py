@@ -362,6 +362,8 @@ class Router:
     def _control(self, msg: ControlRequest) -> ControlResponse:
         if msg.kind == "flush_cache":
             ok = self.scheduler.flush_cache()
+            if ok:  # a flushed server tokenizes as a fresh one
+                self.intake.memo.clear()
             message = "Cache flushed." if ok else "Cache not flushed: requests are running or waiting."
             return ControlResponse(msg.cid, {"success": ok, "message": message})
         if msg.kind == "cache_info":
@@ -426,8 +428,8 @@ class Router:
         return {"tokens": tokens, "token_strs": [[self.tokenizer.id_to_token(i) for i in ids] for ids in tokens]}
 
     def _token_ids(self, args: dict) -> list[list[int]]:
-        """``prompts`` encoded as /generate would, or ``messages`` rendered with the chat template
-        first (into the last one with ``continue_final_message``) (tokenizing more text than one prompt can hold would hold up the loop)."""
+        """``prompts`` encoded as /generate would (the prompt memo's ids first), or ``messages``
+        rendered with the chat template first (into the last one with ``continue_final_message``) (tokenizing more text than one prompt can hold would hold up the loop)."""
         if "messages" in args:
             self.intake.check_chat(args["messages"])
             text = self.tokenizer.apply_chat_template(
@@ -438,10 +440,10 @@ class Router:
                 template_kwargs=args.get("chat_template_kwargs"),
             )
             self.intake.check_text(text, "the rendered chat")
-            return [self.tokenizer.encode(text, add_special_tokens=False)]
+            return [self.intake.encode(text, add_special=False)]
         self.intake.check_text("".join(args["prompts"]), "the text to tokenize")
         add_special = bool(args.get("add_special_tokens", True))
-        return [self.tokenizer.encode(p, add_special_tokens=add_special) for p in args["prompts"]]
+        return [self.intake.encode(p, add_special) for p in args["prompts"]]
 
     def _detokenize(self, args: dict) -> dict:
         """``{"texts": [text of each id list]}``; ValueError naming ids outside the vocabulary, or

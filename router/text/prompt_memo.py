@@ -38,6 +38,10 @@ class PromptMemo:
             if not self._by_head[head]:
                 del self._by_head[head]
 
+    def clear(self) -> None:
+        self._ids.clear()
+        self._by_head.clear()
+
     def longest_prefix(self, text: str, salt: str | None = None) -> tuple[str, np.ndarray] | None:
         """The longest text remembered under ``salt`` that ``text`` starts with, and its ids (or None)."""
         bucket = self._by_head.get((salt or "", text[:HEAD_CHARS]), ())

@@ -281,7 +281,7 @@ def test_prompt_top_logprobs_equal_the_reference(router, runner, hf_tokenizer, h
         np.testing.assert_allclose([v for v, _ in top], values.tolist(), rtol=1e-4, atol=1e-4)
 
 
-def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
+def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner, config):
     """Sampled text need not re-encode to the ids that produced it; the next turn must still
     hit the whole previous prompt + answer."""
     first_turn = [{"role": "user", "content": "写一首关于大海的短诗。"}]
@@ -297,6 +297,18 @@ def test_the_next_chat_turn_reuses_the_sampled_answer_ids(router, runner):
     reply = run(router, runner, second)[second.rid][-1]
     answer_ids = [t for t in answer.output_ids if t not in router.tokenizer.eos_token_ids]
     assert reply.cached_tokens >= answer.prompt_tokens + len(answer_ids) - 1
+    # /tokenize (and the count endpoints) count the prompt the chat runs; a flush forgets the
+    # answers, and the server then tokenizes as a fresh one
+    run_ids = router.intake.make_request(second)[0].prompt_ids.tolist()
+    assert tokenize(router, second_turn) == run_ids
+    assert router.submit(ControlRequest(cid="f", kind="flush_cache"))[0].payload["success"]
+    fresh = Router(config).intake.make_request(second)[0].prompt_ids.tolist()
+    assert tokenize(router, second_turn) == fresh != run_ids
+
+
+def tokenize(router: Router, messages: list[dict]) -> list[int]:
+    args = {"messages": messages, "add_generation_prompt": True}
+    return router.submit(ControlRequest(cid="t", kind="tokenize", args=args))[0].payload["tokens"][0]
 
 
 def test_abort_all_ends_every_request(router, runner):
