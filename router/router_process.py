@@ -176,10 +176,14 @@ class Router:
             return [ControlResponse(cid, error=why)] if isinstance(cid, str) else []
         return self.submit(msg)
 
-    def answer_mid_step(self, msg: object, running_s: float) -> ControlResponse | None:
+    def answer_mid_step(self, msg: object, running_s: float, behind: bool) -> ControlResponse | None:
         """The answer to a MID_STEP_KINDS question that came while the step in flight has run
-        ``running_s``; None for any other message, to be submitted once the step ends."""
+        ``running_s``; None for any other message, to be submitted once the step ends. A
+        question ``behind`` messages that wait for the step waits too (a client that aborts, then
+        reads /get_load, reads its own abort), but health, which they do not change."""
         if not isinstance(msg, ControlRequest) or msg.kind not in MID_STEP_KINDS:
+            return None
+        if behind and msg.kind != "health":
             return None
         if msg.kind == "health" and running_s > STEP_OVERDUE_S:
             return ControlResponse(
@@ -523,7 +527,7 @@ def run_router(config: RouterConfig, addresses: RouterAddresses, control: Connec
         except ProtocolError:
             deferred.append(frame)  # submit_frame answers it
             return
-        answer = router.answer_mid_step(msg, running_s)
+        answer = router.answer_mid_step(msg, running_s, behind=bool(deferred))
         if answer is None:
             deferred.append(msg)
         else:

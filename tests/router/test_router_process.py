@@ -604,14 +604,15 @@ def test_questions_that_read_state_are_answered_while_a_step_runs(router, tmp_pa
         rank_in.close(linger=0)
         api.close(linger=0)
         sockets.ctx.destroy(linger=0)
-    stats = router.answer_mid_step(ControlRequest(cid="c2", kind="stats"), 5.0)
+    stats = router.answer_mid_step(ControlRequest(cid="c2", kind="stats"), 5.0, behind=False)
     assert stats is not None and stats.error is None and "waiting_requests" in stats.payload
-    assert router.answer_mid_step(ControlRequest(cid="c3", kind="health"), 5.0).error is None
-    overdue = router.answer_mid_step(ControlRequest(cid="c4", kind="health"), STEP_OVERDUE_S + 1)
+    assert router.answer_mid_step(ControlRequest(cid="c3", kind="health"), 5.0, behind=True).error is None
+    overdue = router.answer_mid_step(ControlRequest(cid="c4", kind="health"), STEP_OVERDUE_S + 1, behind=False)
     assert "no result for 21 s" in overdue.error and "--step-timeout" in overdue.error
-    # what changes state waits for the step's end
-    assert router.answer_mid_step(request("Later"), 5.0) is None
-    assert router.answer_mid_step(ControlRequest(cid="c5", kind="flush_cache"), 5.0) is None
+    # what changes state waits for the step's end, and so does a read behind it
+    assert router.answer_mid_step(request("Later"), 5.0, behind=False) is None
+    assert router.answer_mid_step(ControlRequest(cid="c5", kind="flush_cache"), 5.0, behind=False) is None
+    assert router.answer_mid_step(ControlRequest(cid="c6", kind="stats"), 5.0, behind=True) is None
 
 
 def test_a_full_queue_answers_429(config):
