@@ -290,9 +290,8 @@ class Router:
         self._batch = batch = self.scheduler.schedule()
         if batch is None:
             return []
-        used = 1 - self.scheduler.allocator.num_free / self.config.num_pages
         if batch.is_prefill:
-            log_prefill(batch.forward, batch.requests, len(self.scheduler.running), self.queued(), used)
+            log_prefill(batch.forward, batch.requests, len(self.scheduler.running), self.queued(), self._pool_used())
         result = execute(batch.forward)
         self.group.stepped()
         self.profiles.stepped()
@@ -301,8 +300,12 @@ class Router:
         seconds = time.perf_counter() - start
         self.step_times.observe(seconds)
         if not batch.is_prefill:
-            self.decode_log.stepped(len(batch.requests), seconds, self.queued(), used)
+            self.decode_log.stepped(len(batch.requests), seconds, self.queued(), self._pool_used())
         return outputs
+
+    def _pool_used(self) -> float:
+        """The KV pool's share in use (the tree's evictable pages included)."""
+        return 1 - self.scheduler.allocator.num_free / self.config.num_pages
 
     def lose_group(self, generation: int, reason: str) -> list[RequestOutput] | None:
         """Group ``generation`` is gone and its KV with it: every admitted request goes back to the

@@ -48,8 +48,6 @@ LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logpr
 Deadline = Annotated[float | None, Field(gt=0, le=MAX_DEADLINE_S)]
 Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
 Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
-# token id (a JSON key, so a string of digits) -> what is added to its logit; OpenAI's range,
-# wide enough to force or ban a token (logits lie within a few tens)
 
 
 def _integer_keys(value: Any) -> Any:
@@ -63,6 +61,8 @@ def _integer_keys(value: Any) -> Any:
     return value
 
 
+# token id (a JSON key, so a string of digits) -> what is added to its logit; OpenAI's range,
+# wide enough to force or ban a token (logits lie within a few tens)
 LogitBias = Annotated[
     dict[TokenId, Annotated[float, Field(ge=-100, le=100)]] | None,
     Field(max_length=MAX_LOGIT_BIASES),
