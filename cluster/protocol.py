@@ -75,6 +75,7 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # xgrammar's structural tag JSON (its "format" form)
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     stream_interval: int | None = None  # a streaming request's own (SGLang's field); None: the server's
     # max_new_tokens is the api's default, not the client's: the router lowers it to the room

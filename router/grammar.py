@@ -87,7 +87,7 @@ class GrammarCache:
         self.misses = 0
 
     def compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
-        """The compiled grammar of ``spec``; ``kind`` is "regex", "json_schema" or "ebnf".
+        """The compiled grammar of ``spec``; ``kind`` is one of GRAMMAR_KINDS.
         GrammarError (with xgrammar's explanation) if it does not compile."""
         key = (kind, spec)
         compiled = self.lookup(key)

@@ -18,9 +18,11 @@ from multiprocessing.connection import Connection
 import numpy as np
 import xgrammar as xgr
 
-from radixcluster.router.json_schema_keywords import schema_text_problem
+from radixcluster.router.json_schema_keywords import schema_text_problem, structural_tag_problem
 
-GRAMMAR_KINDS = ("regex", "json_schema", "ebnf")
+GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
+# the JSON schemas of a kind's spec, checked for keywords the grammar would not enforce
+_SCHEMA_PROBLEM = {"json_schema": schema_text_problem, "structural_tag": structural_tag_problem}
 # xgrammar threads per compile: compiles share the cores with the router loop and the workers,
 # so one compile never takes more than one core
 COMPILE_THREADS = 1
@@ -52,9 +54,9 @@ def compile_spec(compiler: xgr.GrammarCompiler, kind: str, spec: str, any_whites
     when it allows no first token (it matches no text: every request would end at once).
     ``any_whitespace``: a JSON schema's documents may put any whitespace between tokens (SGLang's
     and vLLM's default), else compact separators only."""
-    problem = schema_text_problem(spec) if kind == "json_schema" else None
+    problem = _SCHEMA_PROBLEM[kind](spec) if kind in _SCHEMA_PROBLEM else None
     if problem is not None:
-        raise GrammarError(f"invalid json_schema: {problem}")
+        raise GrammarError(f"invalid {kind}: {problem}")
     try:
         if kind == "regex":
             compiled = compiler.compile_regex(spec)
@@ -64,6 +66,8 @@ def compile_spec(compiler: xgr.GrammarCompiler, kind: str, spec: str, any_whites
             )
         elif kind == "ebnf":
             compiled = compiler.compile_grammar(spec)
+        elif kind == "structural_tag":
+            compiled = compiler.compile_structural_tag(spec)
         else:
             raise ValueError(f"unknown grammar kind {kind!r}")
     except (RuntimeError, ValueError, TypeError) as exc:

@@ -23,6 +23,28 @@ def schema_text_problem(spec: str) -> str | None:
         return None
 
 
+def structural_tag_problem(spec: str) -> str | None:
+    """``unenforced_keyword`` of the first JSON schema inside a structural tag's JSON text, its
+    place in the tag named (None for text that is not JSON, as above)."""
+    try:
+        return _tag_schema_problem(json.loads(spec), "")
+    except (ValueError, RecursionError):
+        return None
+
+
+def _tag_schema_problem(node: Any, path: str) -> str | None:
+    """A structural tag's formats nest in lists and objects; a JSON schema is the value of
+    ``json_schema`` in a format of type ``json_schema``."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            found = unenforced_keyword(node["json_schema"])
+            return None if found is None else f"{found} (in the structural tag at {path}/json_schema)"
+        return _first(_tag_schema_problem(value, f"{path}/{key}") for key, value in node.items())
+    if isinstance(node, list):
+        return _first(_tag_schema_problem(value, f"{path}/{i}") for i, value in enumerate(node))
+    return None
+
+
 def unenforced_keyword(schema: Any, path: str = "") -> str | None:
     """Why ``schema`` (a parsed JSON schema) cannot be enforced, naming the keyword and its JSON
     pointer, or None when every keyword it uses is enforced."""

@@ -37,7 +37,7 @@ class Request:
     top_logprobs_num: int = 0
     # first prompt position whose logprob is wanted; -1: none
     logprob_start_len: int = -1
-    # regex / json_schema / ebnf matcher; None: unconstrained
+    # regex / json_schema / ebnf / structural_tag matcher; None: unconstrained
     grammar: RequestGrammar | None = None
     # prefixes of the prompt to pin once it is computed: (token ids, ttl in seconds)
     pins: list[tuple[np.ndarray, float]] = field(default_factory=list)

@@ -24,6 +24,7 @@ from pydantic import (
 from radixcluster.protocol import FLOAT32_MAX, INT32_MAX, INT64_MAX, INT64_MIN, GenerateRequest, SamplingParams
 from radixcluster.router.api.field_error import FieldError
 from radixcluster.router.api.gateway_tokens import GatewayTokensIn, prompt_tokens
+from radixcluster.router.api.structural_tag import StructuralTag
 
 DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -34,7 +35,7 @@ MAX_STOP_CHARS = 256
 MAX_STOP_REGEXES = 4  # each is searched over all the text so far at every step
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIASES = 1024
-MAX_GRAMMAR_CHARS = 64 * 1024  # a regex, JSON schema or EBNF grammar
+MAX_GRAMMAR_CHARS = 64 * 1024  # a regex, JSON schema, EBNF grammar or structural tag
 MAX_GENERATIONS = 256  # per HTTP request: prompts x n
 MAX_DEADLINE_S = 24 * 3600.0
 MAX_KEY_CHARS = 256  # a rid, cache_salt or extra_key
@@ -48,6 +49,8 @@ LogprobStart = Annotated[int, Field(ge=-1, le=INT32_MAX)]  # -1: no prompt logpr
 Deadline = Annotated[float | None, Field(gt=0, le=MAX_DEADLINE_S)]
 Grammar = Annotated[str | None, Field(max_length=MAX_GRAMMAR_CHARS)]
 Key = Annotated[str, Field(max_length=MAX_KEY_CHARS)]
+# the sampling parameters that constrain an answer, at most one a request
+GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
 def _integer_keys(value: Any) -> Any:
@@ -73,7 +76,6 @@ LogitBias = Annotated[
 # that this server does not implement: accepted at their defaults (null, false, empty), refused
 # with a 400 naming them otherwise. Why each is missing, for the message.
 UNSUPPORTED_SAMPLING = {
-    "structural_tag": "structural tags are not implemented (use regex, json_schema or ebnf)",
     "custom_params": "custom logit processors are not run here",
     "beam_width": "beam search is not implemented",
     "watermark": "watermarking is not implemented",
@@ -196,6 +198,7 @@ class SamplingParamsIn(BaseModel):
     regex: Grammar = None
     json_schema: Grammar = None
     ebnf: Grammar = None
+    structural_tag: StructuralTag = None
     logit_bias: LogitBias = None
     stream_interval: int | None = Field(None, ge=1, le=INT32_MAX)
 
@@ -240,14 +243,22 @@ class SamplingParamsIn(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SamplingParamsIn:
-        grammars = [name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None]
+        grammars = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(grammars) > 1:
             raise FieldError(
-                grammars[1], f"at most one of regex, json_schema and ebnf may be set, got {' and '.join(grammars)}"
+                grammars[1],
+                f"at most one of regex, json_schema, ebnf and structural_tag may be set, got {' and '.join(grammars)}",
             )
+        tag = self.structural_tag_spec()
+        if tag is not None and len(tag) > MAX_GRAMMAR_CHARS:
+            raise FieldError("structural_tag", f"structural_tag is {len(tag)} characters, at most {MAX_GRAMMAR_CHARS}")
         if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise FieldError("min_new_tokens", "min_new_tokens must not exceed max_new_tokens")
         return self
+
+    def structural_tag_spec(self) -> str | None:
+        """The structural tag's JSON text as the router compiles it."""
+        return None if self.structural_tag is None else self.structural_tag.structural_tag_spec()
 
     def to_protocol(
         self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, limit_name: str = "max_new_tokens"
@@ -275,6 +286,7 @@ class SamplingParamsIn(BaseModel):
             regex=self.regex,
             json_schema=self.json_schema,
             ebnf=self.ebnf,
+            structural_tag=self.structural_tag_spec(),
             logit_bias=dict(self.logit_bias or {}),
             stream_interval=self.stream_interval,
         )

@@ -29,6 +29,7 @@ from radixcluster.router.api.native_schemas import (
     is_prompt_batch,
     prompts_fit_context,
 )
+from radixcluster.router.api.structural_tag import StructuralTag, StructuralTagFields
 from radixcluster.router.api.tool_calls import (
     CHAT_FORCING,
     MAX_TOOLS,
@@ -106,8 +107,9 @@ class JsonSchemaFormat(BaseModel):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
+class ResponseFormat(StructuralTagFields):
+    # SGLang's and vLLM's OpenAI routes take a structural tag here too
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
@@ -116,13 +118,15 @@ class ResponseFormat(BaseModel):
             raise FieldError("json_schema", "response_format of type json_schema needs a json_schema")
         return self
 
-    def grammar(self) -> str | None:
-        """The json_schema sampling parameter this format asks for."""
+    def grammar_params(self) -> dict[str, str]:
+        """The sampling parameter (json_schema or structural_tag) this format asks for, if any."""
         if self.type == "json_object":
-            return JSON_OBJECT_SCHEMA
+            return {"json_schema": JSON_OBJECT_SCHEMA}
         if self.type == "json_schema" and self.json_schema is not None:
-            return json.dumps(self.json_schema.schema_)
-        return None
+            return {"json_schema": json.dumps(self.json_schema.schema_)}
+        if self.type == "structural_tag":
+            return {"structural_tag": self.structural_tag_spec()}
+        return {}
 
 
 class StructuredOutputsIn(BaseModel):
@@ -135,16 +139,25 @@ class StructuredOutputsIn(BaseModel):
     choice: list[str] | None = Field(None, min_length=1)
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: StructuralTag = None
 
     @model_validator(mode="after")
     def _one(self) -> StructuredOutputsIn:
-        given = [name for name in ("json_", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given = [
+            name
+            for name in ("json_", "regex", "choice", "grammar", "structural_tag")
+            if getattr(self, name) is not None
+        ]
         if len(given) + bool(self.json_object) != 1:
-            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object")
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object, structural_tag"
+            )
         return self
 
     def grammar_params(self) -> dict[str, str]:
-        """The one sampling parameter (regex, json_schema or ebnf) that carries the constraint."""
+        """The one sampling parameter (regex, json_schema, ebnf or structural_tag) that carries the constraint."""
+        if self.structural_tag is not None:
+            return {"structural_tag": self.structural_tag.structural_tag_spec()}
         if self.json_ is not None:
             return {"json_schema": self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)}
         if self.json_object:
@@ -291,9 +304,8 @@ class OpenAIRequest(BaseModel):
         if self.top_k == 0:
             params["top_k"] = -1
         answer_format = self.answer_format()
-        schema = answer_format.grammar() if answer_format is not None else None
-        if schema is not None:
-            params["json_schema"] = schema
+        if answer_format is not None:
+            params.update(answer_format.grammar_params())
         if self.structured_outputs is not None:
             params.update(self.structured_outputs.grammar_params())
         return SamplingParamsIn.model_validate(params)
@@ -475,7 +487,9 @@ class ToolsRequest(OpenAIRequest):
     def _sampling(self, max_new_tokens: int | None) -> SamplingParamsIn:
         sampling = super()._sampling(max_new_tokens)
         schema = self.tool_schema()
-        return sampling if schema is None else sampling.model_copy(update={"json_schema": schema})
+        # a forced call's schema replaces the response_format's constraint (json_schema or structural_tag)
+        forced = {"json_schema": schema, "structural_tag": None}
+        return sampling if schema is None else sampling.model_copy(update=forced)
 
 
 # how hard a reasoning model thinks: OpenAI's names, and vLLM's beyond them

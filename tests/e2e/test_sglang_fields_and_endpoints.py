@@ -69,7 +69,6 @@ def test_the_frontends_sampling_params_are_accepted(server):
         ({"custom_logit_processor": "{}"}, "custom_logit_processor"),
         ({"token_ids_logprob": [1, 2]}, "token_ids_logprob"),
         ({"return_hidden_states": True}, "return_hidden_states"),
-        ({"sampling_params": {"structural_tag": "{}"}}, "structural_tag"),
         ({"sampling_params": {"stop_regex": "(unclosed"}}, "stop_regex"),
         ({"sampling_params": {"no_such_param": 1}}, "unknown field"),  # SGLang too rejects unknown sampling keys
     ],

@@ -1,5 +1,5 @@
 """Constrained decoding against a real `radixcluster up`: sampled generations under a JSON
-schema, regexes and an EBNF grammar all conform; the OpenAI SDK's response_format works; a bad
+schema, regexes, an EBNF grammar and structural tags all conform; the OpenAI SDK's response_format works; a bad
 grammar is a 400 that says what is wrong, and the server keeps serving."""
 
 from __future__ import annotations
@@ -148,6 +148,51 @@ def test_vllms_structured_outputs_and_stop_string_flag(server):
     assert kept == trimmed + "."
 
 
+CALL = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+CALLS = 'Example call: <function=get_weather>{"city": "Oslo"}</function>\nExample call: <function=get_weather>{"city": "Lima"}</function>\nExample call:'
+
+
+def test_sglangs_structural_tag_constrains_what_follows_a_trigger(server):
+    """SGLang's documented form: free text, then after a trigger a tag whose JSON follows its schema."""
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<function=get_weather>", "schema": CALL, "end": "</function>"}],
+        "triggers": ["<function="],
+    }
+    free = generate(server, CALLS, max_new_tokens=40)["text"]
+    assert free.startswith(' <function=get_weather>{"city": "Lima"}')  # the model's own next call
+    text = generate(server, CALLS, max_new_tokens=40, sampling_params={"structural_tag": json.dumps(tag)})["text"]
+    calls = re.findall(r"<function=get_weather>(.*?)</function>", text)
+    assert calls and text.startswith(" <function=get_weather>")
+    for arguments in calls:
+        jsonschema.validate(json.loads(arguments), CALL)
+
+
+def test_a_structural_tag_as_response_format_and_as_vllms_structured_outputs(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "none", timeout=600, max_retries=0)
+    model = client.models.list().data[0].id
+    # xgrammar's own form: here one tag and nothing around it
+    tag = {
+        "type": "tag",
+        "begin": "<weather>",
+        "content": {"type": "json_schema", "json_schema": CALL},
+        "end": "</weather>",
+    }
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    answers = [
+        client.chat.completions.create(model=model, messages=question, max_tokens=40, temperature=0, **format_)
+        for format_ in (
+            {"response_format": {"type": "structural_tag", "format": tag}},
+            {"extra_body": {"structured_outputs": {"structural_tag": json.dumps({"format": tag})}}},
+        )
+    ]
+    for answer in answers:
+        content = answer.choices[0].message.content
+        assert answer.choices[0].finish_reason == "stop"
+        assert content.startswith("<weather>") and content.endswith("</weather>")
+        jsonschema.validate(json.loads(content.removeprefix("<weather>").removesuffix("</weather>")), CALL)
+
+
 def test_logprobs_under_a_grammar_are_those_of_what_it_allows(server):
     """As SGLang and vLLM give them: a confidence over the choices, not over the free text."""
     body = {
@@ -177,6 +222,14 @@ BAD_GRAMMARS = {
     "json_schema with uniqueItems": (
         {"json_schema": '{"type": "array", "items": {"enum": ["a"]}, "minItems": 2, "uniqueItems": true}'},
         ["invalid json_schema", "'uniqueItems'"],
+    ),
+    "structural_tag of an unknown format": (
+        {"structural_tag": '{"type": "structural_tag", "format": {"type": "tagz"}}'},
+        ["invalid structural_tag", "tagz"],
+    ),
+    "structural_tag without triggers": (
+        {"structural_tag": {"structures": [{"begin": "<a>", "end": "</a>"}]}},
+        ["structural_tag", "no triggers"],
     ),
 }
 

@@ -46,6 +46,14 @@ def next_allowed(grammar: RequestGrammar) -> set[int]:
 
 # ---------------------------------------------------------------- compiling
 
+TAG_CITY = {
+    "type": "tag",
+    "begin": "<f=w>",
+    "content": {"type": "json_schema", "json_schema": {"type": "object", "properties": {"city": {"type": "string"}}}},
+    "end": "</f>",
+}
+TAG_UNIQUE = {**TAG_CITY, "content": {"type": "json_schema", "json_schema": {"type": "array", "uniqueItems": True}}}
+
 
 def test_a_spec_is_compiled_once(grammars):
     spec = json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}})
@@ -70,6 +78,13 @@ def test_a_spec_is_compiled_once(grammars):
         # compiles, but no token can start it: every request would end at once with an abort
         ("regex", r"[^\x00-\U0010FFFF]", "it matches no text"),
         ("ebnf", r"root ::= [^\x00-\U0010FFFF]", "it matches no text"),
+        ("structural_tag", '{"type": "structural_tag"}', "must have a format field"),
+        (
+            "structural_tag",
+            '{"type": "structural_tag", "format": {"type": "tagz"}}',
+            "Format type not recognized: tagz",
+        ),
+        ("structural_tag", json.dumps({"type": "structural_tag", "format": TAG_UNIQUE}), "'uniqueItems' (at /)"),
     ],
 )
 def test_a_bad_spec_says_what_is_wrong(grammars, kind, spec, says):
@@ -78,6 +93,28 @@ def test_a_bad_spec_says_what_is_wrong(grammars, kind, spec, says):
     message = str(info.value)
     assert message.startswith(f"invalid {kind}: ") and says in message
     assert ".cc:" not in message  # xgrammar's source location is noise to a client
+
+
+def test_a_structural_tag_constrains_only_what_follows_its_trigger(grammars, tokenizer):
+    # SGLang's older form, as the api rewrites it: free text, then after "<f=" one of the tags
+    spec = {"type": "triggered_tags", "triggers": ["<f="], "tags": [TAG_CITY]}
+    grammar = grammars.for_request(
+        SamplingParams(structural_tag=json.dumps({"type": "structural_tag", "format": spec}))
+    )
+    eos = set(tokenizer.eos_token_ids)
+    for token in tokenizer.encode("Sure: ", add_special_tokens=False):
+        assert eos <= next_allowed(grammar)  # free text may end anywhere
+        assert grammar.accept(token) is None
+    for token in tokenizer.encode('<f=w>{"city": "Paris"', add_special_tokens=False):
+        assert grammar.accept(token) is None
+    assert not eos & next_allowed(grammar)  # inside the tag: it must be finished first
+    for token in tokenizer.encode("}</f> ok", add_special_tokens=False):
+        assert grammar.accept(token) is None
+    assert eos <= next_allowed(grammar)
+    inside = grammars.for_request(SamplingParams(structural_tag=json.dumps({"type": "structural_tag", "format": spec})))
+    for token in tokenizer.encode('<f=w>{"town', add_special_tokens=False)[:-1]:
+        assert inside.accept(token) is None
+    assert inside.accept(tokenizer.encode('<f=w>{"town', add_special_tokens=False)[-1])["type"] == "abort"
 
 
 def test_no_grammar_no_matcher(grammars):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from radixcluster.router.json_schema_keywords import schema_text_problem, unenforced_keyword
+from radixcluster.router.json_schema_keywords import schema_text_problem, structural_tag_problem, unenforced_keyword
 
 ITEMS = {"type": "array", "items": {"enum": ["a", "b"]}}
 
@@ -45,3 +45,22 @@ def test_what_xgrammar_enforces_passes() -> None:
     }
     assert unenforced_keyword(enforced) is None
     assert schema_text_problem('{"type": "object"') is None  # not JSON: the compiler says why
+
+
+def test_a_structural_tags_schemas_are_checked_where_they_are() -> None:
+    def tag(schema: dict) -> str:
+        inner = {
+            "type": "tag",
+            "begin": "<a>",
+            "content": {"type": "json_schema", "json_schema": schema},
+            "end": "</a>",
+        }
+        return json.dumps(
+            {"type": "structural_tag", "format": {"type": "sequence", "elements": [{"type": "any_text"}, inner]}}
+        )
+
+    reason = structural_tag_problem(tag({**ITEMS, "uniqueItems": True}))
+    assert reason is not None and "'uniqueItems' (at /)" in reason
+    assert "(in the structural tag at /format/elements/1/content/json_schema)" in reason
+    assert structural_tag_problem(tag(ITEMS)) is None
+    assert structural_tag_problem("{not json") is None

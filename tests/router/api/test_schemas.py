@@ -3,6 +3,8 @@ before anything reaches the router (no server needed: these are the schemas and 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -415,6 +417,58 @@ def test_vllms_structured_outputs_become_the_grammar_parameter(constraint: dict,
 def test_vllms_older_guided_fields_are_its_structured_outputs(guided: dict, param: str, spec: str) -> None:
     for model, body in ((ChatCompletionIn, {"messages": CHAT}), (CompletionIn, {"prompt": "hi"})):
         assert getattr(model.model_validate({**body, **guided}).sampling(), param) == spec
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+# SGLang's documented form: free text until a trigger, then one of the structures
+STRUCTURES = {
+    "type": "structural_tag",
+    "structures": [
+        {"begin": "<function=weather>", "schema": CITY, "end": "</function>"},
+        {"begin": "<t>", "end": "</t>"},
+    ],
+    "triggers": ["<function=", "<t>"],
+}
+# ... which xgrammar's own form spells as triggered tags (a structure without a schema: any text)
+TRIGGERED = {
+    "type": "structural_tag",
+    "format": {
+        "type": "triggered_tags",
+        "triggers": ["<function=", "<t>"],
+        "tags": [
+            {"type": "tag", "begin": "<function=weather>", "content": {"type": "json_schema", "json_schema": CITY}},
+            {"type": "tag", "begin": "<t>", "content": {"type": "any_text"}},
+        ],
+    },
+}
+TRIGGERED["format"]["tags"][0]["end"], TRIGGERED["format"]["tags"][1]["end"] = "</function>", "</t>"
+
+
+@pytest.mark.parametrize("tag", [STRUCTURES, TRIGGERED])
+def test_a_structural_tag_reaches_the_router_in_xgrammars_form_from_every_route(tag: dict) -> None:
+    by_sglang = SamplingParamsIn.model_validate({"structural_tag": json.dumps(tag)}).to_protocol().structural_tag
+    assert json.loads(by_sglang) == TRIGGERED
+    as_response_format = ChatCompletionIn.model_validate({"messages": CHAT, "response_format": tag})
+    by_vllm = CompletionIn.model_validate({"prompt": "hi", "structured_outputs": {"structural_tag": json.dumps(tag)}})
+    assert (
+        as_response_format.protocol_sampling().structural_tag == by_vllm.protocol_sampling().structural_tag == by_sglang
+    )
+
+
+def test_a_structural_tag_in_neither_form_or_beside_another_constraint_is_refused() -> None:
+    def tag_refusal(model: type, tag: object) -> str:
+        body = {"messages": CHAT, "response_format": tag} if model is ChatCompletionIn else sampling(structural_tag=tag)
+        return refusal(model, body)
+
+    assert "not JSON" in tag_refusal(GenerateIn, "{'type': 'structural_tag'}")
+    assert "(no triggers given)" in tag_refusal(GenerateIn, {"structures": STRUCTURES["structures"]})
+    assert "(no structures given)" in tag_refusal(ChatCompletionIn, {"type": "structural_tag"})
+    assert "not both" in tag_refusal(ChatCompletionIn, {**STRUCTURES, "format": TRIGGERED["format"]})
+    assert "trigger must not be empty" in tag_refusal(GenerateIn, {**STRUCTURES, "triggers": [""]})
+    assert "begin" in tag_refusal(GenerateIn, {**STRUCTURES, "structures": [{"begin": "", "end": "x"}]})
+    assert "at most one of" in refusal(GenerateIn, sampling(regex="a", structural_tag=TRIGGERED))
+    huge = {**STRUCTURES, "triggers": ["<" * MAX_GRAMMAR_CHARS]}
+    assert f"at most {MAX_GRAMMAR_CHARS}" in tag_refusal(GenerateIn, huge)
 
 
 def test_guided_fields_conflict_as_constraints_do() -> None:
