@@ -23,6 +23,12 @@ SUPPORTED_HF_ARCHITECTURES = {
 }
 # each with the Hugging Face class its checkpoints convert from
 SUPPORTED_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# the rotary scalings kernels/rotary.py computes ("default": none)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# transformers' names of the MLP's activation that are SiLU, the one the MLP computes
+SILU_NAMES = ("silu", "swish")
+# config.json fields without which the model's shape is unknown
+_REQUIRED_HF_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,15 @@ class ModelConfig:
     qkv_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # the keys a layer's attention sees when it slides (Mistral's sliding_window), which this
+    # engine does not apply: up to that many tokens a sliding window sees everything full
+    # attention sees, so the context stops there
+    sliding_window: int | None = None
+
+    @property
+    def context_limit(self) -> int:
+        """The longest sequence this engine computes as the model does."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
 
     def kv_bytes_per_token(self, tp_size: int, dtype_bytes: int) -> int:
         """Bytes of K and V one token occupies on one rank (KV heads replicated when
@@ -80,10 +95,15 @@ class ModelConfig:
 
 
 def load_model_config(path: Path) -> ModelConfig:
-    """Read the config of a resolved model path (a HF directory or a GGUF file)."""
-    if path.is_dir():
-        return _from_hf_dir(path)
-    return _from_gguf(path)
+    """Read the config of a resolved model path (a HF directory or a GGUF file); a
+    ModelPathError for a model this engine would compute otherwise than it was trained."""
+    cfg = _from_hf_dir(path) if path.is_dir() else _from_gguf(path)
+    rope_type = (cfg.rope_scaling or {}).get("rope_type", (cfg.rope_scaling or {}).get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelPathError(
+            f"{path}: unsupported rope scaling {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    return cfg
 
 
 def _eos_list(value: Any) -> tuple[int, ...]:
@@ -107,6 +127,14 @@ def _from_hf_dir(path: Path) -> ModelConfig:
             f"{config_file}: unsupported architecture {archs or cfg.get('model_type')!r}; "
             f"supported: {sorted(SUPPORTED_HF_ARCHITECTURES)}"
         )
+    missing = [name for name in _REQUIRED_HF_FIELDS if not isinstance(cfg.get(name), int)]
+    if missing:
+        raise ModelPathError(f"{config_file} lacks {', '.join(missing)} (an integer each)")
+    activation = cfg.get("hidden_act", "silu")
+    if activation not in SILU_NAMES:
+        raise ModelPathError(f"{config_file}: unsupported hidden_act {activation!r} (the MLP computes silu)")
+    if cfg.get("mlp_bias"):
+        raise ModelPathError(f"{config_file}: mlp_bias (biases on the MLP's projections) is not supported")
     eos = cfg.get("eos_token_id")
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
@@ -134,7 +162,20 @@ def _from_hf_dir(path: Path) -> ModelConfig:
         qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_list(eos),
+        sliding_window=_sliding_window(cfg),
     )
+
+
+def _sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The window of a config whose layers slide (Mistral's ``sliding_window``; Qwen2's
+    only with ``use_sliding_window``; a ``layer_types`` list names the sliding layers)."""
+    window = cfg.get("sliding_window")
+    if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False:
+        return None
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
+        return None
+    return window
 
 
 def open_gguf(path: Path) -> GGUFFile:

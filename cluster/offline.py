@@ -18,7 +18,7 @@ def generate(prompt: str, model_path: str | None, max_new_tokens: int, temperatu
     """The completion of one prompt (chat-templated unless ``chat`` is False); ValueError for a
     request the router refuses, before the weights load."""
     path = resolve_model_path(model_path)
-    context = load_model_config(path).max_position_embeddings
+    context = load_model_config(path).context_limit
     router = Router(
         RouterConfig(
             model_path=path,

@@ -75,14 +75,23 @@ def choose_dtype(requested: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
-def choose_context_length(requested: int | None, model_max: int) -> int:
+def choose_context_length(requested: int | None, cfg: ModelConfig) -> int:
     """--context-length, or the model's; longer than the model was trained for is refused, as
     SGLang and vLLM refuse it (its positions past that are garbage, and per-request page tables
-    would be sized for it)."""
+    would be sized for it), and so is longer than a sliding window this engine does not apply."""
+    model_max = cfg.context_limit
     if requested is None:
+        if model_max < cfg.max_position_embeddings:
+            logger.warning(
+                "the model's attention slides over %d tokens, which this engine does not apply: "
+                "its context stops there (max_position_embeddings %d)",
+                model_max,
+                cfg.max_position_embeddings,
+            )
         return model_max
     if requested > model_max:
-        raise ValueError(f"--context-length {requested} exceeds the model's {model_max} (max_position_embeddings)")
+        limit = "its sliding window" if model_max < cfg.max_position_embeddings else "max_position_embeddings"
+        raise ValueError(f"--context-length {requested} exceeds the model's {model_max} ({limit})")
     return requested
 
 
@@ -361,7 +370,7 @@ def make_plan(args: ServerArgs) -> Plan:
     memory = memory_bytes(device)
     prepack = prepacks_weights(args, cfg, device, DTYPE_BYTES[dtype], memory)
     num_pages = plan_kv_pages(args, cfg, device, DTYPE_BYTES[dtype], memory, prepack, DTYPE_BYTES[kv_cache_dtype])
-    context_length = choose_context_length(args.context_length, cfg.max_position_embeddings)
+    context_length = choose_context_length(args.context_length, cfg)
     check_rank_memory(
         args, cfg, device, DTYPE_BYTES[dtype], DTYPE_BYTES[kv_cache_dtype], num_pages, context_length, memory
     )

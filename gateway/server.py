@@ -48,7 +48,7 @@ def create_app(config: GatewayConfig, drain: RequestDrain | None = None) -> ASGI
         replicas=replicas,
         reader=PromptReader(
             load_tokenizer(config.tokenizer_path or config.model_path, config.chat_template),
-            load_model_config(config.model_path).max_position_embeddings,
+            load_model_config(config.model_path).context_limit,
         ),
         forwarder=Forwarder(replicas, ReplicaChooser(config.routing), metrics, config.max_body_bytes),
         metrics=metrics,

@@ -4,6 +4,7 @@ limits read from cgroup (v1 and v2) files, and CPUs per rank from the affinity s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -112,11 +113,18 @@ def test_bf16_holds_twice_the_tokens_per_byte(cfg):
     assert bf16 > 2 * fp32  # the weights shrink too
 
 
-def test_the_context_length_is_the_models_or_a_shorter_one(cfg):
-    assert choose_context_length(None, cfg.max_position_embeddings) == cfg.max_position_embeddings
-    assert choose_context_length(1024, cfg.max_position_embeddings) == 1024
-    with pytest.raises(ValueError, match="exceeds the model's 8192"):
-        choose_context_length(10**9, cfg.max_position_embeddings)  # it allocated 256 GB of page tables
+def test_the_context_length_is_the_models_or_a_shorter_one(cfg, caplog):
+    assert choose_context_length(None, cfg) == cfg.max_position_embeddings
+    assert choose_context_length(1024, cfg) == 1024
+    with pytest.raises(ValueError, match=r"exceeds the model's 8192 \(max_position_embeddings\)"):
+        choose_context_length(10**9, cfg)  # it allocated 256 GB of page tables
+    assert not caplog.records
+    # a sliding window this engine does not apply: the context stops there, and says so
+    sliding = dataclasses.replace(cfg, sliding_window=4096)
+    assert choose_context_length(None, sliding) == 4096
+    assert "slides over 4096 tokens" in caplog.text
+    with pytest.raises(ValueError, match=r"exceeds the model's 4096 \(its sliding window\)"):
+        choose_context_length(8192, sliding)
 
 
 def test_a_pool_or_page_tables_beyond_a_ranks_memory_are_refused_before_anything_starts(cfg):
