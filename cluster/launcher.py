@@ -66,26 +66,20 @@ def _join_or_kill(process: BaseProcess, grace_s: float) -> None:
         process.join()
 
 
-def _attention_backend(requested: str, device: str) -> tuple[str, str]:
-    """The backend the ranks get, and its words for the start-up line. On the CPU the native
-    kernels are built here, once, before the ranks load them; ``auto`` falls back to torch
-    with one line saying why, an explicit ``native`` refuses to start."""
-    if requested == "triton" and device != "cuda":
-        from radixcluster.kernels.attention_backend import select_attention_backend
-
-        select_attention_backend(device, requested)  # its ValueError, before a rank starts
-    if device != "cpu" or requested not in ("auto", "native"):
+def _attention_backend(requested: str, device: str, head_dim: int) -> tuple[str, str]:
+    """The backend the ranks get, and its words for the start-up line. Off CUDA the choice is
+    made here, once, before the ranks load (the native kernels built): where they cannot run
+    (no build, or heads they cannot tile) ``auto`` falls back to torch with one line saying
+    why, and an explicit ``native`` (or ``triton`` without Triton's interpreter) refuses to start."""
+    if device == "cuda" or requested == "torch":
         return requested, f"attention {requested}"
-    from radixcluster.kernels import native
+    from radixcluster.kernels.attention_backend import select_attention_backend
 
     try:
-        isa = native.load()
-    except native.NativeBuildError as exc:
-        if requested == "native":
-            raise ValueError(f"--attention-backend native: the native CPU kernels are unavailable: {exc}") from exc
-        native.say_unavailable(str(exc))
-        return "torch", "attention torch"
-    return "native", f"attention native ({isa} kernels)"
+        backend = select_attention_backend(device, requested, head_dim)
+    except ValueError as exc:
+        raise ValueError(f"--attention-backend {requested}: {exc}") from exc
+    return backend.name, f"attention {backend.name}" + (f" ({backend.detail} kernels)" if backend.detail else "")
 
 
 class Launcher:
@@ -142,7 +136,9 @@ class Launcher:
 
         args = self.args
         self.plan = plan = make_plan(args)
-        self.attention_backend, attention = _attention_backend(args.attention_backend, plan.device)
+        self.attention_backend, attention = _attention_backend(
+            args.attention_backend, plan.device, plan.model_config.head_dim
+        )
         # the words the seeds tell a user to look for in SGLang's start-up lines
         cache = (
             "disabled (RadixAttention disabled: no prefix sharing)"

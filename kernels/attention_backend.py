@@ -51,12 +51,8 @@ def select_attention_backend(
 def _native(kind: str, head_dim: int, required: bool) -> AttentionBackend:
     from radixcluster.kernels import native
 
-    reason = None
-    if kind != "cpu":
-        reason = f"they run on the CPU, not {kind!r}"
-    elif head_dim % 16:
-        reason = f"they need head_dim to be a multiple of 16, not {head_dim}"
-    else:
+    reason = f"they run on the CPU, not {kind!r}" if kind != "cpu" else native.head_dim_problem(head_dim)
+    if reason is None:
         try:
             isa = native.load()
         except native.NativeBuildError as exc:

@@ -15,7 +15,7 @@ import torch
 
 from radixcluster.kernels.native_build import NativeBuildError, build
 
-__all__ = ["NativeBuildError", "load", "say_unavailable", "main"]
+__all__ = ["NativeBuildError", "head_dim_problem", "load", "say_unavailable", "main"]
 
 
 @cache
@@ -36,6 +36,11 @@ def load() -> str:
     if isinstance(result, NativeBuildError):
         raise result
     return result
+
+
+def head_dim_problem(head_dim: int) -> str | None:
+    """Why the kernels cannot run heads of ``head_dim`` dimensions (their tiles hold 16), or None."""
+    return None if head_dim % 16 == 0 else f"they need head_dim to be a multiple of 16, not {head_dim}"
 
 
 @cache

@@ -54,9 +54,9 @@ def test_auto_serves_on_torch_in_one_line_when_the_kernels_cannot_build() -> Non
         """
         from radixcluster.kernels.attention_backend import select_attention_backend
         from radixcluster.launcher import _attention_backend
-        print(select_attention_backend("cpu").name, _attention_backend("auto", "cpu")[0])
+        print(select_attention_backend("cpu").name, _attention_backend("auto", "cpu", 64)[0])
         try:
-            _attention_backend("native", "cpu")
+            _attention_backend("native", "cpu", 64)
         except ValueError as exc:
             print("refused:", exc)
         """,
@@ -73,9 +73,19 @@ def test_the_launcher_names_the_kernels_it_builds() -> None:
     from radixcluster.kernels import native
     from radixcluster.launcher import _attention_backend
 
-    assert _attention_backend("auto", "cpu") == ("native", f"attention native ({native.load()} kernels)")
-    assert _attention_backend("torch", "cpu") == ("torch", "attention torch")
-    assert _attention_backend("auto", "cuda") == ("auto", "attention auto")
+    assert _attention_backend("auto", "cpu", 64) == ("native", f"attention native ({native.load()} kernels)")
+    assert _attention_backend("torch", "cpu", 64) == ("torch", "attention torch")
+    assert _attention_backend("auto", "cuda", 64) == ("auto", "attention auto")
+
+
+def test_heads_the_kernels_cannot_tile_serve_on_torch_unless_native_is_asked(capfd: pytest.CaptureFixture[str]) -> None:
+    # OpenLLaMA-3B's heads have 100 dimensions; the kernels' tiles hold 16
+    from radixcluster.launcher import _attention_backend
+
+    assert _attention_backend("auto", "cpu", 100) == ("torch", "attention torch")
+    assert "(they need head_dim to be a multiple of 16, not 100); using the torch path" in capfd.readouterr().err
+    with pytest.raises(ValueError, match="^--attention-backend native: .*multiple of 16, not 72$"):
+        _attention_backend("native", "cpu", 72)
 
 
 @pytest.mark.slow
