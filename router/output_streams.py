@@ -214,7 +214,10 @@ class OutputStreams:
         ids = list(req.output_ids)
         while ids and self.tokenizer.is_special(ids[-1]):
             ids.pop()  # an end-of-sequence token: no text, and the next turn's template closes the turn
-        if stream.prompt_text is None or any(self.tokenizer.is_special(t) for t in ids):
+        # ids past the tokenizer's vocabulary (a padded embedding's) have no text: remembered,
+        # they would join the prompt's text as it is (its answer spelled "")
+        vocab = self.tokenizer.vocab_size
+        if stream.prompt_text is None or any(t >= vocab or self.tokenizer.is_special(t) for t in ids):
             return
         if self.tokenizer.decode(ids) != stream.text:
             return
