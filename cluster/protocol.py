@@ -188,6 +188,9 @@ class RequestOutput:
     # the bytes of those tokens that stand for part of a character (their text is U+FFFD)
     partial_bytes: dict[int, list[int]] = field(default_factory=dict)
     prompt_ids: list[int] = field(default_factory=list)  # in the first output, when asked
+    # time.monotonic() on the router's host (the api's) when the request's first token was out,
+    # so a request answered once at its end still times its first token (0: none yet)
+    first_token_at: float = 0.0
     error: str | None = None
     status: int = 200
     error_param: str | None = None  # the field ``error`` blames, by the client's name

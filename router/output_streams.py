@@ -4,6 +4,7 @@ logprobs, as RequestOutput deltas (when streaming: its first token at once, then
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class _Stream:
     sent_ids: int = 0
     sent_logprobs: int = 0
     sent_input_logprobs: bool = False
+    first_token_at: float = 0.0  # time.monotonic() when its first token was out (0: not yet)
     # the deltas not sent yet: a non-streaming request's until it finishes, a streaming one's
     # until its stream interval's tokens are in
     held: RequestOutput | None = None
@@ -173,6 +175,9 @@ class OutputStreams:
         new_ids = req.output_ids[stream.sent_ids :]
         self.generated_tokens_total += len(new_ids) if req.log_metrics else 0
         out = stream.held or RequestOutput(rid=req.rid)
+        if new_ids and not stream.first_token_at:
+            stream.first_token_at = time.monotonic()
+        out.first_token_at = stream.first_token_at
         out.text += text
         stream.text += text
         out.output_ids.extend(new_ids)

@@ -169,10 +169,14 @@ async def run_generation(
                 raise ApiError(out.status if out.status >= 400 else 500, out.error, out.error_param)
             now = time.monotonic()
             if out.output_ids and request.log_metrics:
+                # the first output may hold every token (a request not streamed): its first
+                # token's own time, then the rest's mean interval
+                later = len(out.output_ids)
                 if first:
-                    metrics.time_to_first_token.observe(now - start)
-                else:
-                    metrics.inter_token_latency.observe((now - last_token) / len(out.output_ids))
+                    last_token, later = out.first_token_at or now, later - 1
+                    metrics.time_to_first_token.observe(last_token - start)
+                if later:
+                    metrics.inter_token_latency.observe((now - last_token) / later)
                 first = False
                 last_token = now
             gen = progress.add(out, now - start if out.finished else 0.0)

@@ -270,6 +270,22 @@ def test_flush_cache_empties_the_tree(server, method):
     assert generate(server, LONG_PROMPT, max_new_tokens=2)["meta_info"]["cached_tokens"] == 0
 
 
+def test_a_request_not_streamed_times_its_first_token_and_the_rest(server):
+    """As SGLang and vLLM time them in the engine: a request answered once at its end still
+    counts its first token's time, not its whole time, and the intervals after it."""
+    names = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
+    before = {name: metric_value(server, f"vllm:{name}_sum") for name in names}
+    counts = {name: metric_value(server, f"vllm:{name}_count") for name in names}
+    generate(server, LONG_PROMPT, max_new_tokens=24, sampling_params={"ignore_eos": True})
+    grew = {name: metric_value(server, f"vllm:{name}_sum") - before[name] for name in names}
+    assert {name: metric_value(server, f"vllm:{name}_count") - counts[name] for name in names} == dict.fromkeys(
+        names, 1
+    )
+    # 23 decode steps come after the first token: its time is well short of the whole
+    assert 0 < grew["time_to_first_token_seconds"] < grew["e2e_request_latency_seconds"]
+    assert grew["inter_token_latency_seconds"] > 0
+
+
 def test_metrics_counters_grow_with_requests(server):
     resp = get(server, "/metrics")
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
