@@ -18,6 +18,8 @@ from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
+from radixcluster.cpu_info import proc_stat_fields
+
 _PR_SET_PDEATHSIG = 1
 # the pid of the command (fork_into_own_group's caller), which names its processes' runtime dirs
 _COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
@@ -25,17 +27,12 @@ _COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
 RUNTIME_KINDS = ("", "dp-")
 
 
-def _stat_fields(pid: int | str) -> list[str]:
-    # the command name may hold spaces and parentheses: fields start after the last ")"
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
 def descendants(pid: int) -> set[int]:
     """Every process whose parent chain reaches ``pid`` (empty where /proc does not exist)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, ValueError, IndexError):
-            parents[int(entry.name)] = int(_stat_fields(entry.name)[1])
+            parents[int(entry.name)] = int(proc_stat_fields(entry.name)[1])
     found: set[int] = set()
     frontier = {pid}
     while frontier:
@@ -55,7 +52,7 @@ def started_processes() -> set[int]:
 def is_running(pid: int) -> bool:
     """Alive and not a zombie."""
     try:
-        return _stat_fields(pid)[0] != "Z"
+        return proc_stat_fields(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
 

@@ -1,6 +1,6 @@
-"""Constrained decoding with xgrammar: compiled regex / JSON-schema / EBNF grammars (cached per
-spec, compiled on a thread of their own so the router loop never waits for one, each new spec
-tried first in a child process that is stopped at its deadline), one matcher per request, and
+"""Constrained decoding with xgrammar: compiled regex / JSON-schema / EBNF / structural-tag grammars
+(cached per spec, compiled on a thread of their own so the router loop never waits for one, each
+new spec tried first in a child process that is stopped past its CPU time), one matcher per request, and
 the per-step vocab bitmask the worker applies before sampling."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import numpy as np
 import xgrammar as xgr
 
 from radixcluster.protocol import SamplingParams
-from radixcluster.router.grammar_compile import GRAMMAR_KINDS, CompileProbe, compile_spec, new_compiler
+from radixcluster.router.grammar_compile import GRAMMAR_KINDS, CompileProbe, Wait, compile_spec, new_compiler
 from radixcluster.router.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -55,8 +54,8 @@ class RequestGrammar:
 @dataclass(slots=True, frozen=True)
 class _Job:
     key: GrammarKey
-    deadline: float  # time.monotonic()
-    timeout_s: float
+    wait: Wait
+    cpu_limit_s: float
     future: Future[xgr.CompiledGrammar]
 
 
@@ -66,8 +65,8 @@ class GrammarCache:
 
     ``compile`` compiles on the caller's thread. The router uses ``lookup`` and
     ``compile_in_background`` instead: a spec not cached yet compiles on a daemon thread while the
-    loop goes on, once it has compiled in the child process (``CompileProbe``) before its
-    deadline, and ``collect`` (on the router's thread, like every other method) caches what that
+    loop goes on, once it has compiled in the child process (``CompileProbe``) within its CPU
+    time, and ``collect`` (on the router's thread, like every other method) caches what that
     thread finished."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, json_any_whitespace: bool = True) -> None:
@@ -106,14 +105,14 @@ class GrammarCache:
         self.hits += 1
         return compiled
 
-    def compile_in_background(self, key: GrammarKey, timeout_s: float) -> Future[xgr.CompiledGrammar]:
-        """A future of ``key``'s compiled grammar (or its GrammarError), shared by every request
-        that asks while it compiles; a spec not compiled within ``timeout_s`` of the first ask
-        (waiting for the compiles ahead of it included) is stopped, its future a GrammarError."""
+    def compile_in_background(self, key: GrammarKey, cpu_limit_s: float, wait: Wait) -> Future[xgr.CompiledGrammar]:
+        """A future of ``key``'s compiled grammar, shared by every request that asks while it
+        compiles: a GrammarError when it does not compile within ``cpu_limit_s`` of compute, a
+        GrammarBusy when the first ask's ``wait`` runs out first (compiles ahead of it included)."""
         future = self._inflight.get(key)
         if future is None:
             future = self._inflight[key] = Future()
-            self._jobs.put(_Job(key, time.monotonic() + timeout_s, timeout_s, future))
+            self._jobs.put(_Job(key, wait, cpu_limit_s, future))
             if self._thread is None:
                 # a daemon: a compile still running never holds the process up at exit
                 self._thread = threading.Thread(target=self._work, name="grammar-compile", daemon=True)
@@ -137,8 +136,7 @@ class GrammarCache:
             job = self._jobs.get()
             kind, spec = job.key
             try:
-                left = job.deadline - time.monotonic()
-                self._probe.check(kind, spec, self.json_any_whitespace, left, job.timeout_s)
+                self._probe.check(kind, spec, self.json_any_whitespace, job.cpu_limit_s, job.wait)
                 job.future.set_result(self._compile(kind, spec))
             except Exception as exc:  # handed to the request that waits; the thread goes on
                 job.future.set_exception(exc)

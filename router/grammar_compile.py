@@ -1,8 +1,10 @@
-"""Compiling one regex / JSON-schema / EBNF spec with xgrammar, and trying each new spec first in
-a child process under a deadline: xgrammar's time on some specs grows steeply (a schema nested
-150, 300, 600 levels: 0.2, 1.6, 21 s; a regex of long counted repetitions), and a compile that runs past
-its deadline is stopped with its process, its core and memory with it, instead of holding the
-router's compile thread for minutes and every spec queued behind it."""
+"""Compiling one regex / JSON-schema / EBNF / structural-tag spec with xgrammar, and trying each
+new spec first in a child process under a limit: xgrammar's time on some specs grows steeply (a
+schema nested 150, 300, 600 levels: 0.2, 1.6, 21 s; a regex of long counted repetitions), and a
+compile that runs past it is stopped with its process, its core and memory with it, instead of
+holding the router's compile thread for minutes and every spec queued behind it. The limit is
+the child's CPU time, so a spec is judged by its own cost, not by how busy the machine is; a
+machine too busy to compile it within its request's wait is a 503, not the spec's fault."""
 
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import numpy as np
 import xgrammar as xgr
 
+from radixcluster.cpu_info import process_cpu_seconds
 from radixcluster.router.json_schema_keywords import schema_text_problem, structural_tag_problem
 
 GRAMMAR_KINDS = ("regex", "json_schema", "ebnf", "structural_tag")
@@ -34,14 +38,45 @@ _ERROR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )
 _MAX_ERROR_CHARS = 400
 # how often the child checks that the router still runs (a compile releases the GIL)
 _PARENT_CHECK_S = 0.5
+# how often the router checks the child's CPU time while it compiles
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """How long a request may wait for its spec (queued behind others' compiles included):
+    ``limit_s`` from its arrival, until the ``time.monotonic()`` ``deadline``."""
+
+    limit_s: float
+    deadline: float
+
+    @classmethod
+    def starting_now(cls, limit_s: float) -> Wait:
+        return cls(limit_s, time.monotonic() + limit_s)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 class GrammarError(ValueError):
-    """A regex, JSON schema or EBNF grammar that does not compile (in time); the message says why."""
+    """A spec that does not compile (within its CPU time); the message says why."""
 
 
-def too_slow(kind: str, timeout_s: float) -> str:
-    return f"the {kind.replace('_', ' ')} did not compile within {timeout_s:g} s: simplify it"
+class GrammarBusy(RuntimeError):
+    """A spec the server had no time to compile within its request's wait (others' compiles,
+    a loaded machine): nothing is known against it, the client may retry."""
+
+
+def too_slow(kind: str, cpu_limit_s: float) -> str:
+    return f"the {_name(kind)} did not compile within {cpu_limit_s:g} s of compute: simplify it"
+
+
+def too_busy(kind: str, wait_s: float) -> str:
+    return f"the server could not compile the {_name(kind)} within {wait_s:g} s (busy): retry"
+
+
+def _name(kind: str) -> str:
+    return kind.replace("_", " ")
 
 
 def new_compiler(tokenizer_info: xgr.TokenizerInfo) -> xgr.GrammarCompiler:
@@ -94,18 +129,24 @@ class CompileProbe:
         """The child's, while one runs."""
         return None if self._process is None else self._process.pid
 
-    def check(self, kind: str, spec: str, any_whitespace: bool, timeout_s: float, limit_s: float) -> None:
-        """Return once ``spec`` has compiled in the child within ``timeout_s`` (what is left of
-        its request's ``limit_s``); else GrammarError saying why it does not compile, or that it
-        did not within ``limit_s`` (the child is stopped then)."""
-        if timeout_s <= 0:
-            raise GrammarError(too_slow(kind, limit_s))
+    def check(self, kind: str, spec: str, any_whitespace: bool, cpu_limit_s: float, wait: Wait) -> None:
+        """Return once ``spec`` has compiled in the child within ``cpu_limit_s`` of its CPU time;
+        else GrammarError saying why it does not compile, or that it took more (the child is
+        stopped then); GrammarBusy when ``wait`` runs out first (the child is stopped too: it
+        would go on taking a core)."""
+        if wait.left() <= 0:  # queued behind other compiles for all of it
+            raise GrammarBusy(too_busy(kind, wait.limit_s))
         try:
-            conn = self._connection()
+            conn = self._connection(wait)
             conn.send((kind, spec, any_whitespace))
-            if not conn.poll(timeout_s):
-                self.close()
-                raise GrammarError(too_slow(kind, limit_s))
+            pid, spent = self.pid, process_cpu_seconds(self.pid or 0)
+            while not conn.poll(_POLL_S):
+                if process_cpu_seconds(pid or 0) - spent > cpu_limit_s:
+                    self.close()
+                    raise GrammarError(too_slow(kind, cpu_limit_s))
+                if wait.left() <= 0:
+                    self.close()
+                    raise GrammarBusy(too_busy(kind, wait.limit_s))
             error = conn.recv()
         except (EOFError, OSError):  # it died (its log has why): the next spec gets a new one
             self.close()
@@ -122,7 +163,8 @@ class CompileProbe:
             self._conn.close()
             self._conn = None
 
-    def _connection(self) -> Connection:
+    def _connection(self, wait: Wait) -> Connection:
+        """The child's end, once it is ready to compile (its start-up is nobody's compile time)."""
         if self._conn is None:
             ours, theirs = socket.socketpair()
             with ours, theirs:
@@ -130,6 +172,10 @@ class CompileProbe:
                 self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
                 self._conn = Connection(ours.detach())
             self._conn.send(self._tokenizer_info)
+            if not self._conn.poll(max(wait.left(), 0.0)):
+                self.close()
+                raise GrammarBusy("the server could not start compiling grammars in time (busy): retry")
+            self._conn.recv()  # the child's "ready"
         return self._conn
 
 
@@ -144,6 +190,7 @@ def _serve(conn: Connection, parent: int) -> None:
             return
         if compiler is None:  # the first message is the tokenizer's
             compiler = new_compiler(xgr.TokenizerInfo.deserialize_json(message))
+            conn.send(None)  # ready
             continue
         kind, spec, any_whitespace = message
         try:

@@ -1,6 +1,6 @@
 """Requests whose grammar is still compiling: the router loop goes on serving everyone else, then
-admits each request once its grammar is ready, or refuses it when the spec does not compile or
-does not compile within the deadline."""
+admits each request once its grammar is ready, or refuses it: a 400 when the spec does not
+compile (within its CPU time), a 503 when the server had no time to compile it within the wait."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from typing import Generic, TypeVar
 import xgrammar as xgr
 
 from radixcluster.router.grammar import GrammarCache, GrammarKey, RequestGrammar
-from radixcluster.router.grammar_compile import GrammarError, too_slow
+from radixcluster.router.grammar_compile import GrammarBusy, GrammarError, Wait, too_busy
 
 logger = logging.getLogger(__name__)
 
-# how long a request may wait for its grammar to compile before it is refused (400)
+# the CPU time a spec's compile may take before it is refused (400: a spec this costly is the spec's fault)
 GRAMMAR_COMPILE_TIMEOUT_S = 10.0
+# how long a request may wait for its grammar, queued behind other compiles on a loaded machine
+# included, before it is refused (503: nothing is known against the spec)
+GRAMMAR_WAIT_LIMIT_S = 60.0
 
 T = TypeVar("T")
 
@@ -49,10 +52,12 @@ class GrammarWaits(Generic[T]):
         self,
         grammars: GrammarCache,
         timeout_s: float = GRAMMAR_COMPILE_TIMEOUT_S,
+        wait_s: float = GRAMMAR_WAIT_LIMIT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.grammars = grammars
         self.timeout_s = timeout_s
+        self.wait_s = wait_s
         self._clock = clock
         self._waits: dict[str, _Wait[T]] = {}
 
@@ -66,8 +71,8 @@ class GrammarWaits(Generic[T]):
         return list(self._waits)
 
     def add(self, rid: str, key: GrammarKey, payload: T) -> None:
-        future = self.grammars.compile_in_background(key, self.timeout_s)
-        self._waits[rid] = _Wait(key, future, self._clock() + self.timeout_s, payload)
+        future = self.grammars.compile_in_background(key, self.timeout_s, Wait.starting_now(self.wait_s))
+        self._waits[rid] = _Wait(key, future, self._clock() + self.wait_s, payload)
 
     def cancel(self, rid: str) -> bool:
         """Stop waiting for ``rid`` (its client left); the compile itself goes on and is cached."""
@@ -82,7 +87,7 @@ class GrammarWaits(Generic[T]):
             if wait.future.done():
                 ended.append(self._outcome(rid, wait))
             elif now >= wait.deadline:
-                ended.append(GrammarOutcome(wait.payload, None, too_slow(wait.key[0], self.timeout_s), 400))
+                ended.append(GrammarOutcome(wait.payload, None, too_busy(wait.key[0], self.wait_s), 503))
             else:
                 continue
             del self._waits[rid]
@@ -92,6 +97,8 @@ class GrammarWaits(Generic[T]):
         exc = wait.future.exception()
         if isinstance(exc, GrammarError):
             return GrammarOutcome(wait.payload, None, str(exc), 400)
+        if isinstance(exc, GrammarBusy):
+            return GrammarOutcome(wait.payload, None, str(exc), 503)
         try:
             if exc is None:
                 return GrammarOutcome(wait.payload, self.grammars.matcher(wait.future.result()))

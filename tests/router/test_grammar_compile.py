@@ -1,6 +1,7 @@
 """The compile probe with the real SmolLM2 tokenizer and real child processes: a spec that runs
-past its time is stopped with its process (the next spec gets a fresh one), a bad spec says why
-from the child, and the child never outlives a SIGKILLed router."""
+past its CPU time is stopped with its process (the next spec gets a fresh one), a child kept off
+the CPU makes no spec too slow, a request's wait that runs out is the server's busyness, a bad
+spec says why from the child, and the child never outlives a SIGKILLed router."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
 from radixcluster.process_tree import is_running
 from radixcluster.router.grammar import tokenizer_info
-from radixcluster.router.grammar_compile import CompileProbe, GrammarError
+from radixcluster.router.grammar_compile import CompileProbe, GrammarBusy, GrammarError, Wait
 from radixcluster.router.text.tokenizer import load_tokenizer
 from support.streams import wait_gone
 
@@ -33,11 +35,11 @@ def test_a_spec_past_its_time_is_stopped_with_its_process_and_the_next_spec_gets
     probe = CompileProbe(info)
     try:
         started = time.monotonic()
-        with pytest.raises(GrammarError, match=r"^the regex did not compile within 10 s: simplify it$"):
-            probe.check("regex", SLOW_REGEX, True, timeout_s=3.0, limit_s=10.0)
-        assert 3.0 <= time.monotonic() - started < 8.0
+        with pytest.raises(GrammarError, match=r"^the regex did not compile within 3 s of compute: simplify it$"):
+            probe.check("regex", SLOW_REGEX, True, 3.0, Wait.starting_now(600.0))
+        assert time.monotonic() - started >= 3.0
         assert probe.pid is None  # stopped, not left compiling
-        probe.check("regex", "[0-9]{3}", True, timeout_s=30.0, limit_s=30.0)
+        probe.check("regex", "[0-9]{3}", True, 30.0, Wait.starting_now(30.0))
         child = probe.pid
         assert child is not None and is_running(child)
     finally:
@@ -45,14 +47,39 @@ def test_a_spec_past_its_time_is_stopped_with_its_process_and_the_next_spec_gets
     assert probe.pid is None and not is_running(child)
 
 
-def test_a_bad_spec_says_why_from_the_child_and_no_time_left_is_too_slow_at_once(info):
+def test_a_bad_spec_says_why_from_the_child_and_no_time_left_is_busy_at_once(info):
     probe = CompileProbe(info)
     try:
         with pytest.raises(GrammarError, match="invalid json_schema: .*Failed to parse JSON"):
-            probe.check("json_schema", '{"type": "object"', True, timeout_s=30.0, limit_s=30.0)
-        probe.check("json_schema", '{"type": "object"}', False, timeout_s=30.0, limit_s=30.0)
-        with pytest.raises(GrammarError, match="did not compile within 10 s"):
-            probe.check("ebnf", 'root ::= "a"', True, timeout_s=0.0, limit_s=10.0)
+            probe.check("json_schema", '{"type": "object"', True, 30.0, Wait.starting_now(30.0))
+        probe.check("json_schema", '{"type": "object"}', False, 30.0, Wait.starting_now(30.0))
+        with pytest.raises(GrammarBusy, match=r"^the server could not compile the ebnf within 10 s \(busy\): retry$"):
+            probe.check("ebnf", 'root ::= "a"', True, 30.0, Wait(10.0, time.monotonic()))
+    finally:
+        probe.close()
+
+
+def test_a_spec_is_timed_by_its_compile_not_by_a_machine_too_busy_to_run_it(info):
+    """The child held off the CPU (SIGSTOP, as a loaded machine would starve it) for longer
+    than the spec's CPU time: the spec still compiles; past the request's wait, it is busy."""
+    probe = CompileProbe(info)
+    try:
+        probe.check("regex", "[a-z]{2}", True, 30.0, Wait.starting_now(60.0))  # the child is up
+        child = probe.pid
+        os.kill(child, signal.SIGSTOP)
+        done = []
+        check = threading.Thread(
+            target=lambda: done.append(probe.check("regex", "[0-9]{5}", True, 1.0, Wait.starting_now(60.0)))
+        )
+        check.start()
+        time.sleep(2.5)
+        os.kill(child, signal.SIGCONT)
+        check.join(60)
+        assert done == [None] and probe.pid == child
+        os.kill(child, signal.SIGSTOP)
+        with pytest.raises(GrammarBusy, match="within 2 s"):
+            probe.check("regex", "[0-9]{6}", True, 1.0, Wait.starting_now(2.0))
+        assert probe.pid is None and wait_gone({child}, deadline_s=10.0) == set()  # stopped with it
     finally:
         probe.close()
 
@@ -60,12 +87,12 @@ def test_a_bad_spec_says_why_from_the_child_and_no_time_left_is_too_slow_at_once
 def test_a_child_that_died_is_replaced_at_the_next_spec(info):
     probe = CompileProbe(info)
     try:
-        probe.check("regex", "[a-z]{2}", True, timeout_s=30.0, limit_s=30.0)
+        probe.check("regex", "[a-z]{2}", True, 30.0, Wait.starting_now(30.0))
         os.kill(probe.pid, signal.SIGKILL)
         time.sleep(0.5)
         with pytest.raises(RuntimeError, match="exited"):
-            probe.check("regex", "[a-z]{3}", True, timeout_s=30.0, limit_s=30.0)
-        probe.check("regex", "[a-z]{4}", True, timeout_s=30.0, limit_s=30.0)
+            probe.check("regex", "[a-z]{3}", True, 30.0, Wait.starting_now(30.0))
+        probe.check("regex", "[a-z]{4}", True, 30.0, Wait.starting_now(30.0))
     finally:
         probe.close()
 
@@ -77,12 +104,12 @@ def test_the_child_ends_when_its_router_is_killed_in_the_middle_of_a_compile(mod
         import threading, time
         from pathlib import Path
         from radixcluster.router.grammar import tokenizer_info
-        from radixcluster.router.grammar_compile import CompileProbe
+        from radixcluster.router.grammar_compile import CompileProbe, Wait
         from radixcluster.router.text.tokenizer import load_tokenizer
 
         if __name__ == "__main__":
             probe = CompileProbe(tokenizer_info(load_tokenizer(Path({str(model_path)!r})), {VOCAB}))
-            args = ("regex", {SLOW_REGEX!r}, True, 600.0, 600.0)
+            args = ("regex", {SLOW_REGEX!r}, True, 600.0, Wait.starting_now(600.0))
             threading.Thread(target=probe.check, args=args, daemon=True).start()
             while probe.pid is None:
                 time.sleep(0.05)
