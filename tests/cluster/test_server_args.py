@@ -128,8 +128,9 @@ def test_sglangs_schedule_conservativeness_and_decode_log_interval():
     args = parse("--schedule-conservativeness", "1.3", "--dp-size", "2")
     assert args.schedule_conservativeness == 1.3
     assert parse(*replica_argv(args, exclude=("dp_size",))).schedule_conservativeness == 1.3
-    with pytest.raises(ValueError, match="--schedule-conservativeness must be > 0"):
-        parse("--schedule-conservativeness", "0")
+    for bad in ("0", "nan", "inf"):
+        with pytest.raises(ValueError, match="--schedule-conservativeness must be a finite number > 0"):
+            parse("--schedule-conservativeness", bad)
     assert (parse().decode_log_interval, parse("--decode-log-interval", "10").decode_log_interval) == (40, 10)
     with pytest.raises(ValueError, match="--decode-log-interval must be >= 1"):
         parse("--decode-log-interval", "0")
@@ -213,10 +214,11 @@ def test_kv_cache_dtype_takes_sglangs_names(capsys):
         (["--host", "192.0.2.1"], "not an address of this machine"),  # TEST-NET-1: never local
         (["--disable-radix-cache", "--enable-radix-cache"], "contradicts"),
         (["--stream-interval", "0"], "--stream-interval"),
-        (["--context-length", "-5"], "--context-length must be >= 1"),
+        (["--context-length", "-5"], "--context-length must be >= 2"),
         (["--step-timeout", "1e308"], "--step-timeout must be in"),  # every step failed: inf ms
         (["--shutdown-timeout", "1e308"], "--shutdown-timeout must be in"),  # SIGTERM hung
-        (["--context-length", "0"], "--context-length must be >= 1"),
+        (["--context-length", "1"], r"--context-length must be >= 2 \(a prompt token and an output token\)"),
+        (["--max-total-tokens", "1"], "--max-total-tokens must hold at least one page and two tokens"),
         (["--max-prefill-tokens", "8", "--page-size", "16"], "--max-prefill-tokens must hold at least one page"),
         (["--random-seed", "-1"], "--random-seed"),
     ],

@@ -91,6 +91,7 @@ def exported() -> set[str]:
     stat present (the step histogram as the router's StepTimes reports it) and a refusal counted,
     and a gateway's with one replica."""
     stats: dict[str, Any] = {key: 1.0 for _, key, _ in api_metrics._COUNTERS + api_metrics._GAUGES}
+    stats.update(num_pages=8, free_pages=2, page_size=1, evictable_tokens=3)  # the pool, as SGLang and vLLM name it
     steps = StepTimes()
     steps.observe(0.02)
     stats["step_seconds"] = steps.snapshot()
