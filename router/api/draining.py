@@ -62,23 +62,37 @@ class DrainingServer(uvicorn.Server):
         self.shutdown_timeout_s = shutdown_timeout_s
         self._fail_at: float | None = None  # when the stragglers get their error
         self._failed_at: float | None = None
+        self._cut_short = False  # SIGINT, or a second signal: no wait for what is in flight
+        self._announced = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # runs as a signal handler on the loop's thread: only flags and times are set here
         now = time.monotonic()
         if self._fail_at is None:
             self.drain.draining = True
-            self._fail_at = now if sig == signal.SIGINT else now + self.shutdown_timeout_s
+            self._cut_short = sig == signal.SIGINT
+            self._fail_at = now if self._cut_short else now + self.shutdown_timeout_s
         else:
+            self._cut_short = True
             self._fail_at = min(self._fail_at, now)
 
     async def on_tick(self, counter: int) -> bool:
         if self._fail_at is not None and not self.should_exit:
             now = time.monotonic()
+            if not self._announced and not self._cut_short:
+                logger.warning(
+                    "shutting down: new requests get 503; %d in flight get up to %g s to finish",
+                    self.drain.in_flight(),
+                    self.shutdown_timeout_s,
+                )
+            self._announced = True
             if self.drain.in_flight() == 0:
                 self.should_exit = True
             elif self._failed_at is None and now >= self._fail_at:
-                logger.warning("shutdown timeout: ending %d request(s) with an error", self.drain.in_flight())
+                reason = (
+                    "shutdown cut short" if self._cut_short else f"shutdown timeout ({self.shutdown_timeout_s:g} s)"
+                )
+                logger.warning("%s: ending %d request(s) with an error", reason, self.drain.in_flight())
                 self.drain.fail_all()
                 self._failed_at = now
             elif self._failed_at is not None and now >= self._failed_at + FAIL_FLUSH_S:
