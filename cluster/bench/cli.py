@@ -30,26 +30,35 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "--model-path", default=None, help="the tokenizer's model (default: the embedded SmolLM2-135M-Instruct)"
     )
     parser.add_argument("--workload", choices=wl.WORKLOADS, default="shared-prefix")
-    parser.add_argument("--groups", type=int, default=8, help="shared-prefix, multi-tenant: distinct prefixes")
     parser.add_argument(
-        "--requests-per-group", type=int, default=4, help="shared-prefix, multi-tenant: questions per prefix"
+        "--groups", type=_above_zero(int), default=8, help="shared-prefix, multi-tenant: distinct prefixes"
+    )
+    parser.add_argument(
+        "--requests-per-group",
+        type=_above_zero(int),
+        default=4,
+        help="shared-prefix, multi-tenant: questions per prefix",
     )
     parser.add_argument(
         "--prefix-len",
-        type=int,
+        type=_above_zero(int),
         default=620,
         help="tokens of the shared system prompt (shared-prefix, multi-tenant), of each chat's system prompt (multi-turn), of the trunk (fork)",
     )
-    parser.add_argument("--question-len", type=int, default=24, help="tokens of each question / user turn")
-    parser.add_argument("--conversations", type=int, default=8, help="multi-turn: concurrent chats")
+    parser.add_argument("--question-len", type=_above_zero(int), default=24, help="tokens of each question / user turn")
+    parser.add_argument("--conversations", type=_above_zero(int), default=8, help="multi-turn: concurrent chats")
     parser.add_argument(
-        "--turns", type=int, default=4, help="multi-turn: user turns per chat (each resends the history)"
+        "--turns", type=_above_zero(int), default=4, help="multi-turn: user turns per chat (each resends the history)"
     )
-    parser.add_argument("--num-prompts", type=int, default=32, help="few-shot and random: prompts; fork: branches")
-    parser.add_argument("--num-shots", type=int, default=8, help="few-shot: examples in the shared header")
-    parser.add_argument("--shot-len", type=int, default=64, help="few-shot: tokens per example")
-    parser.add_argument("--input-len", type=int, default=512, help="random: prompt tokens")
-    parser.add_argument("--output-len", type=int, default=32, help="new tokens per request (greedy, ignore_eos)")
+    parser.add_argument(
+        "--num-prompts", type=_above_zero(int), default=32, help="few-shot and random: prompts; fork: branches"
+    )
+    parser.add_argument("--num-shots", type=_above_zero(int), default=8, help="few-shot: examples in the shared header")
+    parser.add_argument("--shot-len", type=_above_zero(int), default=64, help="few-shot: tokens per example")
+    parser.add_argument("--input-len", type=_above_zero(int), default=512, help="random: prompt tokens")
+    parser.add_argument(
+        "--output-len", type=_above_zero(int), default=32, help="new tokens per request (greedy, ignore_eos)"
+    )
     parser.add_argument(
         "--request-rate",
         type=_above_zero(float),
@@ -58,7 +67,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-concurrency", type=_above_zero(int), default=None, help="most requests in flight")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
+    parser.add_argument("--warmup", type=_above_zero(int, or_zero=True), default=1, help="untimed requests sent first")
     parser.add_argument(
         "--flush-cache",
         action=argparse.BooleanOptionalAction,
@@ -96,13 +105,13 @@ def load_bench_tokenizer(model_path: str | None) -> Tokenizer:
     return load_tokenizer(resolve_model_path(model_path))
 
 
-def _above_zero(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: ``kind`` of the text, refused unless above 0."""
+def _above_zero(kind: Callable[[str], float], or_zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: ``kind`` of the text, refused unless above 0 (or 0, with ``or_zero``)."""
 
     def parse(text: str) -> float:
         value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        if not (value > 0 or (or_zero and value == 0)):
+            raise argparse.ArgumentTypeError(f"must be {'0 or more' if or_zero else 'above 0'}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"

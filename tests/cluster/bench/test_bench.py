@@ -123,11 +123,18 @@ def test_bench_shared_prefix_against_a_real_server(server: ServerHandle, tmp_pat
 
 
 def test_bad_bench_input_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
-    """No traceback: a rate or concurrency of 0, results that are missing or are not results."""
-    for flag in ("--request-rate", "--max-concurrency"):
+    """No traceback: a rate, concurrency or count of 0 (a warm-up below 0), results that are
+    missing or are not results."""
+    for flag, value, says in (
+        ("--request-rate", "0", "must be above 0, got 0"),
+        ("--max-concurrency", "0", "must be above 0, got 0"),
+        ("--num-prompts", "-1", "must be above 0, got -1"),
+        ("--output-len", "0", "must be above 0, got 0"),
+        ("--warmup", "-1", "must be 0 or more, got -1"),
+    ):
         with pytest.raises(SystemExit):
-            main(["bench", flag, "0"])
-        assert "must be above 0, got 0" in capsys.readouterr().err
+            main(["bench", flag, value])
+        assert f"argument {flag}: {says}" in capsys.readouterr().err
     other = tmp_path / "other.json"
     other.write_text('{"summary_of": 1}')
     for path, words in ((tmp_path / "missing.json", "cannot read bench results"), (other, "not results of")):
