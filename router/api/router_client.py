@@ -170,6 +170,7 @@ class RouterClient:
                 msg = decode(frame)
             except ProtocolError as exc:
                 logger.error("dropping a malformed frame from the router: %s", exc)
+                self._fail_unreadable(exc)
                 continue
             if isinstance(msg, RequestOutput):
                 queue = self._streams.get(msg.rid)
@@ -179,6 +180,15 @@ class RouterClient:
                 self._resolve(msg)
             else:
                 logger.error("unexpected %s from the router", type(msg).__name__)
+
+    def _fail_unreadable(self, exc: ProtocolError) -> None:
+        """The request or call an unreadable answer names fails (500) instead of waiting for ever."""
+        why = f"the api could not read the router's answer (is the router of the same version?): {exc}"
+        rid, cid = exc.fields.get("rid"), exc.fields.get("cid")
+        if isinstance(rid, str) and rid in self._streams:
+            self._streams[rid].put_nowait(RequestOutput(rid=rid, finished=True, error=why, status=500))
+        if isinstance(cid, str):
+            self._resolve(ControlResponse(cid, error=why))
 
     def _resolve(self, msg: ControlResponse) -> None:
         fut = self._controls.get(msg.cid)

@@ -10,12 +10,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
 from openai.types.responses import ResponseErrorEvent
 
-from radixcluster.protocol import GenerateRequest, RequestOutput, SamplingParams, decode, encode
+from radixcluster.protocol import PROTOCOL_VERSION, GenerateRequest, RequestOutput, SamplingParams, decode, encode
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, error_frame, run_generation
@@ -191,3 +192,21 @@ def test_a_native_stream_with_many_logprobs_skips_events_as_they_grow_and_ends_w
     assert counts[:every] == list(range(1, every + 1))  # one per token until then
     assert len(chunks) < every + 30 and counts[-1] == tokens  # 1,000 without the rule
     assert all(later - earlier >= earlier / 8 for earlier, later in zip(counts[every:], counts[every + 1 : -1]))
+
+
+def test_an_answer_the_api_cannot_read_fails_its_request_instead_of_leaving_it_waiting(tmp_path: Path) -> None:
+    """A router of another version (a field this api does not know): the request it names gets a 500."""
+
+    async def body(client: RouterClient, router: FakeRouterSockets) -> ApiError:
+        stream = run_generation(client, request("v-0"), ApiMetrics())
+        first = asyncio.ensure_future(anext(stream))
+        await router.take(1)
+        fields = {"rid": "v-0", "finished": True, "from_a_newer_router": 1}
+        await router.outputs.send(msgpack.packb([PROTOCOL_VERSION, "RequestOutput", fields]))
+        with pytest.raises(ApiError) as caught:
+            await asyncio.wait_for(first, 60)
+        return caught.value
+
+    error = asyncio.run(run_with_router(tmp_path, body))
+    assert error.status == 500 and "could not read the router's answer" in str(error)
+    assert "from_a_newer_router" in str(error)
