@@ -1,7 +1,10 @@
 """The fields of /cache_info that a replica reports and a gateway sums over replicas: the
-counters that add up, and the rates derived from them (one formula for both)."""
+counters that add up, and the rates derived from them (one formula for both); and what a cache
+call on a server without a radix cache is told."""
 
 from __future__ import annotations
+
+CACHE_DISABLED = "the radix cache is disabled (--disable-radix-cache)"
 
 # counters and sizes that add up over replicas
 SUMMED_FIELDS = (

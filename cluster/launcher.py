@@ -194,6 +194,7 @@ class Launcher:
                 tool_call_parser=args.tool_call_parser,
                 reasoning_parser=args.reasoning_parser,
                 context_length=plan.context_length,
+                radix_cache=not args.disable_radix_cache,
             ),
         )
         self._wait_api_ready(api)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from radixcluster.cache_info_fields import CACHE_DISABLED
 from radixcluster.protocol import GenerateRequest, SamplingParams
 from radixcluster.router.api.auth import act_for_tenant, admin_check, current_tenant
 from radixcluster.router.api.cache_schemas import MAX_TREE_DEPTH, CachePrefixIn, PinIn, UnpinIn
@@ -44,7 +45,9 @@ async def _cache_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[
 
 async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[str, Any]:
     """Prefill the prefix without generating (a generation of 0 new tokens): its token count,
-    what was cached already, and what was computed now."""
+    what was cached already, and what was computed now. Refused (400) without a radix cache."""
+    if not ctx.config.radix_cache:
+        raise ApiError(400, CACHE_DISABLED)
     msg = GenerateRequest(
         rid=f"warm-{uuid.uuid4().hex}",
         sampling=SamplingParams(max_new_tokens=0),

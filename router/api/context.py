@@ -41,6 +41,7 @@ class ApiConfig:
     tool_call_parser: str | None = None  # the served model's format of tool calls (tool_parsers)
     reasoning_parser: str | None = None  # how the served model marks its thinking (reasoning)
     context_length: int | None = None  # the served context: longer lists in a body are refused at once
+    radix_cache: bool = True  # false with --disable-radix-cache: there is no cache to warm
 
 
 @dataclass(slots=True)

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from radixcluster.cache_info_fields import CACHE_DISABLED
 from radixcluster.router.cache.page_allocator import PageAllocator
 from radixcluster.router.cache.pin_table import Pin, PinRefused, PinTable
 from radixcluster.router.cache.radix_tree import MatchResult, RadixTree
 from radixcluster.router.request import Request
-
-CACHE_DISABLED = "the radix cache is disabled (--disable-radix-cache)"
 
 
 class CacheManager:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from radixcluster.process_tree import descendants, is_running
-from support.api_helpers import generate, get, post, sse_events
+from support.api_helpers import assert_error, generate, get, post, sse_events
 from support.listening import listeners
 from support.profiles import trace_ops, wait_for_traces
 from support.reference_prompts import SERVER_NEW_TOKENS, SERVER_PROMPTS
@@ -82,6 +82,10 @@ def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, ref
         assert greedy_ids(off, hf_tokenizer) == reference
         assert greedy_ids(tp3, hf_tokenizer) == reference
         assert get(off, "/cache_info").json()["cache_hits"] == 0
+        # no cache to warm or pin: refused before anything is computed, as an evict is
+        prefix = {"text": "You are a helpful assistant."}
+        for route, body in (("/cache/warm", prefix), ("/cache/pin", {**prefix, "ttl_s": 60}), ("/cache/evict", prefix)):
+            assert_error(post(off, route, body), 400, "radix cache is disabled")
         assert get(tp3, "/get_server_info").json()["tp_size"] == 3
 
 
