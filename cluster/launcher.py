@@ -195,6 +195,7 @@ class Launcher:
                 reasoning_parser=args.reasoning_parser,
                 context_length=plan.context_length,
                 radix_cache=not args.disable_radix_cache,
+                log_level=args.log_level,
             ),
         )
         self._wait_api_ready(api)

@@ -42,6 +42,7 @@ class ApiConfig:
     reasoning_parser: str | None = None  # how the served model marks its thinking (reasoning)
     context_length: int | None = None  # the served context: longer lists in a body are refused at once
     radix_cache: bool = True  # false with --disable-radix-cache: there is no cache to warm
+    log_level: str = "warning"  # --log-level: the api process logs as the others do
 
 
 @dataclass(slots=True)

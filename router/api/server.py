@@ -15,6 +15,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixcluster import __version__
+from radixcluster.log_format import configure_logging
 from radixcluster.router.api.auth import BearerAuth, cross_origin
 from radixcluster.router.api.cache_routes import cache_routes
 from radixcluster.router.api.cluster_routes import cluster_routes
@@ -101,6 +102,7 @@ def create_app(config: ApiConfig) -> FastAPI:
 def run_api_server(config: ApiConfig) -> None:
     """Serve the api on ``config.host:config.port``; return once SIGTERM or SIGINT has drained it
     (see DrainingServer). Main thread only."""
+    configure_logging(config.log_level)  # a spawned process: nothing of the launcher's is inherited
     app = create_app(config)
     server = DrainingServer(
         uvicorn.Config(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -117,9 +118,10 @@ def test_sigterm_to_every_process_of_the_command_line_at_once_is_one_stop():
 
 
 def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_processes_with_it():
+    """At --log-level info: its lines say what it started, in one format."""
     port = free_port()
     process = subprocess.Popen(
-        [*radixcluster_command(), "up", "--port", str(port)],
+        [*radixcluster_command(), "up", "--port", str(port), "--log-level", "info"],
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -140,6 +142,12 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
     assert "radix cache enabled (RadixAttention enabled, cache sharing active" in err
     assert "Using RadixAttention backend" in err and "Enable radix cache for prefix sharing" in err
     assert f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)" in err
+    # every process logs in one format, the api's too (a spawned process configures its own);
+    # the launcher's readiness polls log nothing (httpx's line per request stays out)
+    assert re.search(
+        rf"^\S+ \S+ INFO radixcluster.router.api.server: api serving on http://127.0.0.1:{port}$", err, re.M
+    )
+    assert "httpx" not in err
     assert wait_gone(tree, 10) == set()
     # nor its sockets and Ray's session: the reaper removes the runtime dirs after the kill
     assert list(Path(tempfile.gettempdir()).glob(f"radixcluster-{process.pid}-*")) == []
