@@ -82,7 +82,9 @@ def quiet_ray_env() -> None:
     the host's memory, whoever holds it, Ray killed the one process it may kill, a rank, and then
     each replacement within a second, until the replica gave up; out of memory is the kernel's
     to settle, as for any server. No color codes around the actor's name that prefixes a line it
-    logs to the driver: log collectors read them as text."""
+    logs to the driver: log collectors read them as text. No "Unhandled error" tracebacks of
+    calls whose result nobody read: every result we need is read (and its error said in one
+    line); the others are calls a stop cut short (replicas starting when SIGTERM came)."""
     os.environ.setdefault("RAY_worker_niceness", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -91,6 +93,7 @@ def quiet_ray_env() -> None:
     os.environ.setdefault("RAY_enable_metrics_collection", "0")
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
 
 
 def private_ray_env() -> None:

@@ -27,6 +27,7 @@ from support.api_helpers import get, metric_value, post
 from support.cache_page import page_nodes
 from support.profiles import wait_for_traces
 from support.servers import ServerHandle, free_port, launch_server, radixcluster_command, wait_replicas
+from support.streams import wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -105,6 +106,29 @@ def test_a_replica_that_refuses_its_flags_ends_the_command_with_its_reason() -> 
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("radixcluster: error: replica http://127.0.0.1:")
     assert "exited with 2 while starting: radixcluster: error: --load-format safetensors: the model path" in last
+
+
+def test_sigterm_while_the_replicas_start_stops_the_command_quietly() -> None:
+    """The replicas' start calls that the stop cuts short leave no Ray "Unhandled error"
+    tracebacks; the command exits 0 with nothing left."""
+    cmd = [*radixcluster_command(), "up", "--dp-size", "2", "--port", str(free_port()), "--max-total-tokens", "2000"]
+    process = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        loading = 0
+        while loading < 2:  # both replicas say what they serve, then load it
+            line = process.stderr.readline()
+            assert line, "the command ended before its replicas started"
+            loading += "radixcluster: serving" in line
+        tree = descendants(process.pid)
+        process.send_signal(signal.SIGTERM)
+        rest = process.stderr.read()
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Unhandled error" not in rest and "Traceback" not in rest, rest
+    assert wait_gone(tree, 30) == set()
 
 
 def test_tenants_stay_on_one_replica_and_their_cached_tokens_are_predicted(cluster, tmp_path) -> None:
