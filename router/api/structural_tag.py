@@ -75,6 +75,8 @@ def _parsed(value: Any) -> Any:
         return json.loads(value)
     except ValueError as exc:
         raise ValueError(f"structural_tag is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError("structural_tag is nested too deeply") from None
 
 
 # a structural tag, or its JSON text

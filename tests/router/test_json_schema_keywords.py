@@ -64,3 +64,23 @@ def test_a_structural_tags_schemas_are_checked_where_they_are() -> None:
     assert "(in the structural tag at /format/elements/1/content/json_schema)" in reason
     assert structural_tag_problem(tag(ITEMS)) is None
     assert structural_tag_problem("{not json") is None
+
+
+def test_a_schema_nested_past_pythons_recursion_limit_is_checked_too() -> None:
+    # xgrammar compiles a schema 300 levels deep within its time; the check must reach its bottom
+    schema: dict = {**ITEMS, "uniqueItems": True}
+    for _ in range(250):
+        schema = {"type": "object", "properties": {"a": schema}}
+    reason = schema_text_problem(json.dumps(schema))
+    assert reason is not None and "'uniqueItems' (at /properties/a/properties/a/" in reason
+    tag = {"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema": schema}, "end": "</a>"}
+    for _ in range(100):
+        tag = {"type": "sequence", "elements": [tag]}
+    found = structural_tag_problem(json.dumps({"type": "structural_tag", "format": tag}))
+    assert found is not None and "'uniqueItems'" in found
+
+
+def test_a_qwen_xml_parameter_format_carries_a_schema_checked_as_any() -> None:
+    form = {"type": "qwen_xml_parameter", "json_schema": {"type": "object", "properties": {"a": {"not": {}}}}}
+    reason = structural_tag_problem(json.dumps({"type": "structural_tag", "format": form}))
+    assert reason is not None and "'not' (at /properties/a)" in reason and "at /format/json_schema" in reason

@@ -461,6 +461,8 @@ def test_a_structural_tag_in_neither_form_or_beside_another_constraint_is_refuse
         return refusal(model, body)
 
     assert "not JSON" in tag_refusal(GenerateIn, "{'type': 'structural_tag'}")
+    deep = '{"format": ' + '{"type": "sequence", "elements": [' * 2000 + "{}" + "]}" * 2000 + "}"
+    assert "structural_tag is nested too deeply" in tag_refusal(GenerateIn, deep)
     assert "(no triggers given)" in tag_refusal(GenerateIn, {"structures": STRUCTURES["structures"]})
     assert "(no structures given)" in tag_refusal(ChatCompletionIn, {"type": "structural_tag"})
     assert "not both" in tag_refusal(ChatCompletionIn, {**STRUCTURES, "format": TRIGGERED["format"]})
