@@ -170,12 +170,13 @@ async def run_generation(
             now = time.monotonic()
             if out.output_ids and request.log_metrics:
                 # the first output may hold every token (a request not streamed): its first
-                # token's own time, then the rest's mean interval
+                # token's own time; each token after it counts its share of the interval, as
+                # SGLang counts a chunk's tokens
                 later = len(out.output_ids)
                 if first:
                     last_token, later = out.first_token_at or now, later - 1
                     metrics.time_to_first_token.observe(last_token - start)
-                if later:
+                for _ in range(later):
                     metrics.inter_token_latency.observe((now - last_token) / later)
                 first = False
                 last_token = now

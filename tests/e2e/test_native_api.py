@@ -3,6 +3,7 @@ streaming, logprobs), health, server and cache information, flushing, metrics, a
 
 from __future__ import annotations
 
+import math
 import secrets
 
 import pytest
@@ -272,18 +273,19 @@ def test_flush_cache_empties_the_tree(server, method):
 
 def test_a_request_not_streamed_times_its_first_token_and_the_rest(server):
     """As SGLang and vLLM time them in the engine: a request answered once at its end still
-    counts its first token's time, not its whole time, and the intervals after it."""
+    counts its first token's time, not its whole time, and each token after it its share of
+    the rest."""
     names = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
     before = {name: metric_value(server, f"vllm:{name}_sum") for name in names}
     counts = {name: metric_value(server, f"vllm:{name}_count") for name in names}
     generate(server, LONG_PROMPT, max_new_tokens=24, sampling_params={"ignore_eos": True})
     grew = {name: metric_value(server, f"vllm:{name}_sum") - before[name] for name in names}
-    assert {name: metric_value(server, f"vllm:{name}_count") - counts[name] for name in names} == dict.fromkeys(
-        names, 1
-    )
+    observed = {name: metric_value(server, f"vllm:{name}_count") - counts[name] for name in names}
+    assert observed == {**dict.fromkeys(names, 1), "inter_token_latency_seconds": 23}
     # 23 decode steps come after the first token: its time is well short of the whole
     assert 0 < grew["time_to_first_token_seconds"] < grew["e2e_request_latency_seconds"]
-    assert grew["inter_token_latency_seconds"] > 0
+    rest = grew["e2e_request_latency_seconds"] - grew["time_to_first_token_seconds"]
+    assert math.isclose(grew["inter_token_latency_seconds"], rest, rel_tol=1e-6)
 
 
 def test_metrics_counters_grow_with_requests(server):
