@@ -164,7 +164,10 @@ class CompileProbe:
             self._conn = None
 
     def _connection(self, wait: Wait) -> Connection:
-        """The child's end, once it is ready to compile (its start-up is nobody's compile time)."""
+        """The child's end, once it is ready to compile (its start-up is nobody's compile time);
+        a child that died while idle (the OOM killer's pick) is replaced first."""
+        if self._process is not None and self._process.poll() is not None:
+            self.close()
         if self._conn is None:
             ours, theirs = socket.socketpair()
             with ours, theirs:
