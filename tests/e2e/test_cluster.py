@@ -12,10 +12,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 import torch
 
 from radixcluster.process_tree import descendants, is_running
-from support.api_helpers import assert_error, generate, get, post, sse_events
+from support.api_helpers import TIMEOUT_S, assert_error, generate, get, post, sse_events
 from support.listening import listeners
 from support.profiles import trace_ops, wait_for_traces
 from support.reference_prompts import SERVER_NEW_TOKENS, SERVER_PROMPTS
@@ -86,6 +87,8 @@ def test_radix_off_and_tensor_parallel_3_give_the_same_outputs(hf_tokenizer, ref
         prefix = {"text": "You are a helpful assistant."}
         for route, body in (("/cache/warm", prefix), ("/cache/pin", {**prefix, "ttl_s": 60}), ("/cache/evict", prefix)):
             assert_error(post(off, route, body), 400, "radix cache is disabled")
+        unpin = requests.delete(off.url + "/cache/pin", json=prefix, headers=off.headers(), timeout=TIMEOUT_S)
+        assert_error(unpin, 400, "radix cache is disabled")
         assert get(tp3, "/get_server_info").json()["tp_size"] == 3
 
 
