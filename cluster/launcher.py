@@ -283,8 +283,10 @@ class Launcher:
 
         url = local_url(self.args.host, self.args.port) + "/health"
         while not self.stopping.is_set():
-            if not api.is_alive():
-                raise RuntimeError(f"the api process exited (is port {self.args.port} free?)")
+            if not api.is_alive():  # its own line above says why; the port was free at the start
+                raise ValueError(
+                    f"the api process could not serve --port {self.args.port} (taken while the model loaded?)"
+                )
             # any answer will do: a group lost already (a first request can fail a rank before
             # this poll) makes it 503, and only the supervision that follows replaces the group
             try:

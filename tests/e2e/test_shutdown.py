@@ -153,3 +153,26 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
     assert list(Path(tempfile.gettempdir()).glob(f"radixcluster-{process.pid}-*")) == []
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+def test_a_port_taken_while_the_model_loads_ends_the_command_in_one_line():
+    port = free_port()
+    process = subprocess.Popen(
+        [*radixcluster_command(), "up", "--port", str(port)], start_new_session=True, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert "radixcluster: serving" in process.stderr.readline()  # past the start's check of the port
+        with socket.socket() as taker:
+            taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            taker.bind(("127.0.0.1", port))
+            taker.listen()
+            err = process.stderr.read()
+            assert process.wait(timeout=300) == 2
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"radixcluster: error: the api process could not serve --port {port} (taken while the model loaded?)"
+    )
