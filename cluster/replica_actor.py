@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from typing import IO
 
 import httpx
 
-from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, http_url
+from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, free_port, http_url
 
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
@@ -28,12 +27,6 @@ STDERR_TAIL_LINES = 20
 class ReplicaStartError(RuntimeError):
     """A replica exited, or never became healthy, while starting; the message ends with the
     last line it wrote to stderr (its refusal of a flag, or its exception)."""
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _command() -> list[str]:
@@ -59,7 +52,7 @@ class ReplicaProcess:
     ) -> None:
         """``node_ip``: the Ray node this actor runs on; ``host``: where the replica listens (its
         HTTP port and its tree events); the keys go to the replica in its environment."""
-        self.port = _free_port(host)
+        self.port = free_port(host)
         self.url = http_url(host, self.port)
         self.argv = [
             *_command(),

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import socket
 import sys
@@ -272,6 +273,23 @@ def check_port_free(host: str, port: int, name: str = "--port") -> None:
         _bind_probe(host, port)
     except OSError as exc:
         raise ValueError(f"{name} {port} is in use on {host}: {exc.strerror}") from None
+
+
+# below the kernel's usual ephemeral range (32768-60999) and above Ray's worker ports
+# (10002-19999): a port the OS hands out (to Ray's services, starting while a replica loads)
+# could be the one picked and released here, and the replica's api would then fail to bind it
+UNASSIGNED_PORTS = range(20000, 32768)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host``, of those no process is handed by the OS meanwhile."""
+    while True:
+        port = random.choice(UNASSIGNED_PORTS)
+        try:
+            _bind_probe(host, port)
+        except OSError:
+            continue
+        return port
 
 
 def _bind_probe(host: str, port: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,11 @@ from radixcluster.router.tenant_quota import TenantQuota
 from radixcluster.server_args import (
     DTYPES,
     FP8_KV_CACHE_DTYPES,
+    UNASSIGNED_PORTS,
     ServerArgs,
     add_cli_args,
     check_port_free,
+    free_port,
     http_url,
     load_tenant_keys,
     load_tenant_quotas,
@@ -364,3 +367,14 @@ def test_the_command_says_its_version(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"radixcluster {__version__}"
+
+
+def test_a_free_port_is_one_the_os_hands_nobody_meanwhile():
+    """Outside the kernel's ephemeral range and Ray's worker ports, and nothing listens on it."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(p in UNASSIGNED_PORTS and not low <= p <= high and not 10002 <= p <= 19999 for p in ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        assert taken.getsockname()[1] not in {free_port() for _ in range(50)}

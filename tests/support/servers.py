@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from radixcluster.server_args import free_port
 
 STARTUP_TIMEOUT_S = 300
 
@@ -29,24 +29,6 @@ class ServerHandle:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-# below the kernel's ephemeral range (32768-60999) and above Ray's worker ports (10002-19999):
-# a port the OS hands out (to Ray's own services, starting while the server loads) could be
-# the one a test picked and released, and the server's api then fails to bind it
-TEST_PORTS = range(20000, 32768)
-
-
-def free_port() -> int:
-    """A port nothing listens on, that no process is handed by the OS meanwhile."""
-    while True:
-        port = random.choice(TEST_PORTS)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
 
 
 def radixcluster_command() -> list[str]:
