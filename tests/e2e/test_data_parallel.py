@@ -26,7 +26,14 @@ from radixcluster.process_tree import descendants
 from support.api_helpers import get, metric_value, post
 from support.cache_page import page_nodes
 from support.profiles import wait_for_traces
-from support.servers import ServerHandle, free_port, launch_server, radixcluster_command, wait_replicas
+from support.servers import (
+    ServerHandle,
+    command_process,
+    free_port,
+    launch_server,
+    radixcluster_command,
+    wait_replicas,
+)
 from support.streams import wait_gone
 
 pytestmark = pytest.mark.slow
@@ -111,9 +118,8 @@ def test_a_replica_that_refuses_its_flags_ends_the_command_with_its_reason() -> 
 def test_sigterm_while_the_replicas_start_stops_the_command_quietly() -> None:
     """The replicas' start calls that the stop cuts short leave no Ray "Unhandled error"
     tracebacks; the command exits 0 with nothing left."""
-    cmd = [*radixcluster_command(), "up", "--dp-size", "2", "--port", str(free_port()), "--max-total-tokens", "2000"]
-    process = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.PIPE, text=True)
-    try:
+    argv = ("up", "--dp-size", "2", "--port", str(free_port()), "--max-total-tokens", "2000")
+    with command_process(*argv, stderr=subprocess.PIPE) as process:
         loading = 0
         while loading < 2:  # both replicas say what they serve, then load it
             line = process.stderr.readline()
@@ -123,10 +129,6 @@ def test_sigterm_while_the_replicas_start_stops_the_command_quietly() -> None:
         process.send_signal(signal.SIGTERM)
         rest = process.stderr.read()
         assert process.wait(timeout=120) == 0
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert "Unhandled error" not in rest and "Traceback" not in rest, rest
     assert wait_gone(tree, 30) == set()
 

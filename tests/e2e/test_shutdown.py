@@ -26,7 +26,7 @@ import requests
 
 from radixcluster.process_tree import descendants
 from support.api_helpers import TIMEOUT_S, assert_error
-from support.servers import free_port, launch_server, radixcluster_command
+from support.servers import command_process, free_port, launch_server
 from support.streams import finished_normally, sse_stream, started_streams, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -120,24 +120,14 @@ def test_sigterm_to_every_process_of_the_command_line_at_once_is_one_stop():
 def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_processes_with_it():
     """At --log-level info: its lines say what it started, in one format."""
     port = free_port()
-    process = subprocess.Popen(
-        [*radixcluster_command(), "up", "--port", str(port), "--log-level", "info"],
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    argv = ("up", "--port", str(port), "--log-level", "info")
+    with command_process(*argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
         assert process.stdout.readline().strip() == f"radixcluster ready: http://127.0.0.1:{port}"
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
         tree = descendants(process.pid)
         assert len(tree) >= 4  # the launcher, the router, the api, Ray
         process.kill()
         _, err = process.communicate(timeout=90)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     # the seeds' words: SGLang's start-up lines they tell a user to look for
     assert "radix cache enabled (RadixAttention enabled, cache sharing active" in err
     assert "Using RadixAttention backend" in err and "Enable radix cache for prefix sharing" in err
@@ -157,10 +147,7 @@ def test_the_url_is_printed_when_ready_and_a_sigkilled_command_takes_its_process
 
 def test_a_port_taken_while_the_model_loads_ends_the_command_in_one_line():
     port = free_port()
-    process = subprocess.Popen(
-        [*radixcluster_command(), "up", "--port", str(port)], start_new_session=True, stderr=subprocess.PIPE, text=True
-    )
-    try:
+    with command_process("up", "--port", str(port), stderr=subprocess.PIPE) as process:
         assert "radixcluster: serving" in process.stderr.readline()  # past the start's check of the port
         with socket.socket() as taker:
             taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -168,10 +155,6 @@ def test_a_port_taken_while_the_model_loads_ends_the_command_in_one_line():
             taker.listen()
             err = process.stderr.read()
             assert process.wait(timeout=300) == 2
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         f"radixcluster: error: the api process could not serve --port {port} (taken while the model loaded?)"

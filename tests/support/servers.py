@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -84,6 +85,19 @@ def launch_server(
         yield handle
     finally:
         stop_server(handle)
+
+
+@contextlib.contextmanager
+def command_process(*args: str, **popen: Any) -> Iterator[subprocess.Popen]:
+    """`radixcluster ARGS` in a session of its own (``popen``: its pipes), killed with its whole
+    group if it still runs when the block ends."""
+    process = subprocess.Popen([*radixcluster_command(), *args], start_new_session=True, text=True, **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def wait_replicas(handle: ServerHandle, count: int, timeout: float = STARTUP_TIMEOUT_S) -> list[dict]:
