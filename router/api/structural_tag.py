@@ -47,6 +47,12 @@ class StructuralTagFields(BaseModel):
             raise FieldError(missing, f"a structural tag needs format, or structures and triggers (no {missing} given)")
         if self.triggers is not None and any(not trigger for trigger in self.triggers):
             raise FieldError("triggers", "a trigger must not be empty")
+        for i, structure in enumerate(self.structures or []):
+            if not any(structure.begin.startswith(trigger) for trigger in self.triggers or []):
+                raise FieldError(f"structures.{i}.begin", f"{structure.begin!r} starts with none of the triggers")
+        for trigger in self.triggers or []:
+            if not any(structure.begin.startswith(trigger) for structure in self.structures or []):
+                raise FieldError("triggers", f"no structure's begin starts with the trigger {trigger!r}")
         return self
 
     def structural_tag_spec(self) -> str:

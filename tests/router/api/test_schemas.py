@@ -467,9 +467,14 @@ def test_a_structural_tag_in_neither_form_or_beside_another_constraint_is_refuse
     assert "(no structures given)" in tag_refusal(ChatCompletionIn, {"type": "structural_tag"})
     assert "not both" in tag_refusal(ChatCompletionIn, {**STRUCTURES, "format": TRIGGERED["format"]})
     assert "trigger must not be empty" in tag_refusal(GenerateIn, {**STRUCTURES, "triggers": [""]})
+    # xgrammar's own words for these are an internal check's
+    unused = {**STRUCTURES, "triggers": [*STRUCTURES["triggers"], "<g="]}
+    assert "no structure's begin starts with the trigger '<g='" in tag_refusal(ChatCompletionIn, unused)
+    stray = {**STRUCTURES, "triggers": ["<function="]}
+    assert "'<t>' starts with none of the triggers" in tag_refusal(GenerateIn, stray)
     assert "begin" in tag_refusal(GenerateIn, {**STRUCTURES, "structures": [{"begin": "", "end": "x"}]})
     assert "at most one of" in refusal(GenerateIn, sampling(regex="a", structural_tag=TRIGGERED))
-    huge = {**STRUCTURES, "triggers": ["<" * MAX_GRAMMAR_CHARS]}
+    huge = {"format": {"type": "const_string", "value": "x" * MAX_GRAMMAR_CHARS}}
     assert f"at most {MAX_GRAMMAR_CHARS}" in tag_refusal(GenerateIn, huge)
 
 
