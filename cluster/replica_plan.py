@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from radixcluster.model_config import ModelConfig, load_model_config
-from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path, served_model_name
+from radixcluster.model_path import (
+    ModelPathError,
+    resolve_model_path,
+    resolve_tokenizer_path,
+    safetensors_files,
+    served_model_name,
+)
 from radixcluster.process_tree import runtime_dir
 from radixcluster.router.text.tokenizer import load_tokenizer
 from radixcluster.server_args import DTYPES, FP8_KV_CACHE_DTYPES, ServerArgs
@@ -358,6 +364,8 @@ def make_plan(args: ServerArgs) -> Plan:
     path = resolve_model_path(args.model_path)
     check_weight_format(args, path)
     cfg = load_model_config(path)
+    if path.is_dir():
+        safetensors_files(path)  # no weights, or a shard missing: one line now, not a rank's error after the load began
     tokenizer_path = resolve_tokenizer_path(args.tokenizer_path, path)
     # loaded here, the model's own too: a directory without tokenizer.json is one line now, not
     # the router's traceback once the weights are in

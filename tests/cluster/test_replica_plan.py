@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixcluster.model_config import load_model_config
-from radixcluster.model_path import ModelPathError, resolve_model_path, resolve_tokenizer_path
+from radixcluster.model_path import INDEX_FILE, ModelPathError, resolve_model_path, resolve_tokenizer_path
 from radixcluster.replica_plan import (
     DTYPE_BYTES,
     CpuPlan,
@@ -28,6 +29,7 @@ from radixcluster.replica_plan import (
     choose_dtype,
     choose_kv_cache_dtype,
     machine_cpus,
+    make_plan,
     mem_fraction,
     memory_bytes,
     omp_env,
@@ -330,3 +332,14 @@ def test_a_pool_past_what_the_host_has_free_is_warned_of():
     assert "18.8 GiB" in warning and "5.0 GiB" in warning and "--mem-fraction-static" in warning
     assert pool_past_available(4 * 2**30, 5 * 2**30) is None
     assert pool_past_available(4 * 2**30, None) is None
+
+
+def test_a_directory_without_its_weights_is_refused_before_anything_starts(hf_model_dir: Path, tmp_path: Path):
+    """Not by a rank once the load began, after the start-up line said what is served."""
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_model_dir / name, tmp_path / name)
+    with pytest.raises(ModelPathError, match=r"holds no \*.safetensors weights"):
+        make_plan(ServerArgs(model_path=str(tmp_path)))
+    shutil.copy(hf_model_dir / INDEX_FILE, tmp_path / INDEX_FILE)
+    with pytest.raises(ModelPathError, match=r"lists shard\(s\) that do not exist: model-00001-of-"):
+        make_plan(ServerArgs(model_path=str(tmp_path)))

@@ -17,9 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from radixcluster.model_config import load_model_config
-from radixcluster.model_path import ModelPathError
+from radixcluster.model_path import INDEX_FILE, ModelPathError
 from radixcluster.worker.gguf_weights import hf_name
-from radixcluster.worker.hf_weights import INDEX_FILE
 from radixcluster.worker.weights import expected_shapes, iter_weights
 
 TINY = dict(
