@@ -91,6 +91,10 @@ def test_a_child_that_died_idle_is_replaced_and_one_that_dies_compiling_fails_it
         idle = probe.pid
         os.kill(idle, signal.SIGKILL)  # as the OOM killer would pick it between specs
         assert wait_gone({idle}, deadline_s=10.0) == set()
+        # and its other thread too (a zombie whose threads still exit is not reaped yet)
+        deadline = time.monotonic() + 10.0
+        while len(os.listdir(f"/proc/{idle}/task")) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         probe.check("regex", "[a-z]{3}", True, 30.0, Wait.starting_now(30.0))  # served by a new child
         assert probe.pid not in (None, idle)
         errors: list[str] = []
