@@ -98,12 +98,17 @@ def load_model_config(path: Path) -> ModelConfig:
     """Read the config of a resolved model path (a HF directory or a GGUF file); a
     ModelPathError for a model this engine would compute otherwise than it was trained."""
     cfg = _from_hf_dir(path) if path.is_dir() else _from_gguf(path)
-    rope_type = (cfg.rope_scaling or {}).get("rope_type", (cfg.rope_scaling or {}).get("type", "default"))
+    rope_type = _rope_type(cfg.rope_scaling or {})
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ModelPathError(
             f"{path}: unsupported rope scaling {rope_type!r} (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
     return cfg
+
+
+def _rope_type(rope: dict[str, Any]) -> str:
+    """A rotary scaling's kind, under transformers' new name or its old one ("default": none)."""
+    return rope.get("rope_type", rope.get("type", "default"))
 
 
 def _eos_list(value: Any) -> tuple[int, ...]:
@@ -142,7 +147,7 @@ def _from_hf_dir(path: Path) -> ModelConfig:
     num_heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = _rope_type(rope)
     return ModelConfig(
         family=family,
         model_type=cfg.get("model_type", family),

@@ -41,6 +41,11 @@ class ProtocolError(ValueError):
         super().__init__(message)
         self.fields = fields or {}
 
+    def named(self, field: str) -> str | None:
+        """The ``rid`` or ``cid`` the frame held, when it held one: whose caller waits."""
+        value = self.fields.get(field)
+        return value if isinstance(value, str) else None
+
 
 def message(cls: type) -> type:
     """Register a dataclass as a wire message under its class name."""

@@ -170,10 +170,10 @@ class Router:
         except ProtocolError as exc:
             logger.error("dropping a malformed frame from the api: %s", exc)
             why = f"the router could not read the request (is the api of the same version?): {exc}"
-            rid, cid = exc.fields.get("rid"), exc.fields.get("cid")
-            if isinstance(rid, str):
+            rid, cid = exc.named("rid"), exc.named("cid")
+            if rid is not None:
                 return [_failed(rid, why, 500)]
-            return [ControlResponse(cid, error=why)] if isinstance(cid, str) else []
+            return [ControlResponse(cid, error=why)] if cid is not None else []
         return self.submit(msg)
 
     def answer_mid_step(self, msg: object, running_s: float, behind: bool) -> ControlResponse | None:

@@ -45,8 +45,10 @@ async def _cache_call(ctx: ApiContext, kind: str, args: dict[str, Any]) -> dict[
 
 async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[str, Any]:
     """Prefill the prefix without generating (a generation of 0 new tokens): its token count,
-    what was cached already, and what was computed now."""
-    _require_cache(ctx)
+    what was cached already, and what was computed now. Refused (400) without a radix cache: the
+    router refuses the other cache calls itself, but a warm-up reaches it as a generation."""
+    if not ctx.config.radix_cache:
+        raise ApiError(400, CACHE_DISABLED)
     msg = GenerateRequest(
         rid=f"warm-{uuid.uuid4().hex}",
         sampling=SamplingParams(max_new_tokens=0),
@@ -60,13 +62,6 @@ async def _warm(ctx: ApiContext, request: Request, body: CachePrefixIn) -> dict[
         "cached_tokens": gen.cached_tokens,
         "prefilled_tokens": gen.prompt_tokens - gen.cached_tokens,
     }
-
-
-def _require_cache(ctx: ApiContext) -> None:
-    """A 400 for a cache call on a server without a radix cache (the router refuses pins and
-    evictions itself; a warm-up and an unpin never reach it)."""
-    if not ctx.config.radix_cache:
-        raise ApiError(400, CACHE_DISABLED)
 
 
 def _file_response(content: bytes, media: str) -> Callable[[], Response]:
@@ -120,7 +115,6 @@ def cache_routes(ctx: ApiContext) -> APIRouter:
     @router.delete("/cache/pin", dependencies=admin)
     async def unpin(request: Request) -> dict[str, Any]:
         body = await read_prefix(request, UnpinIn)
-        _require_cache(ctx)
         answer = await _cache_call(ctx, "cache_unpin", body.router_args())
         if not answer["unpinned"]:
             raise ApiError(404, "no pin holds this prefix (pin and unpin must name the same prefix and cache_salt)")

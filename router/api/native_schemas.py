@@ -245,10 +245,8 @@ class SamplingParamsIn(BaseModel):
     def _consistent(self) -> SamplingParamsIn:
         grammars = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
         if len(grammars) > 1:
-            raise FieldError(
-                grammars[1],
-                f"at most one of regex, json_schema, ebnf and structural_tag may be set, got {' and '.join(grammars)}",
-            )
+            names = f"{', '.join(GRAMMAR_FIELDS[:-1])} and {GRAMMAR_FIELDS[-1]}"
+            raise FieldError(grammars[1], f"at most one of {names} may be set, got {' and '.join(grammars)}")
         tag = self.structural_tag_spec()
         if tag is not None and len(tag) > MAX_GRAMMAR_CHARS:
             raise FieldError("structural_tag", f"structural_tag is {len(tag)} characters, at most {MAX_GRAMMAR_CHARS}")
@@ -258,7 +256,7 @@ class SamplingParamsIn(BaseModel):
 
     def structural_tag_spec(self) -> str | None:
         """The structural tag's JSON text as the router compiles it."""
-        return None if self.structural_tag is None else self.structural_tag.structural_tag_spec()
+        return None if self.structural_tag is None else self.structural_tag.structural_tag_spec
 
     def to_protocol(
         self, default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, limit_name: str = "max_new_tokens"

@@ -125,7 +125,7 @@ class ResponseFormat(StructuralTagFields):
         if self.type == "json_schema" and self.json_schema is not None:
             return {"json_schema": json.dumps(self.json_schema.schema_)}
         if self.type == "structural_tag":
-            return {"structural_tag": self.structural_tag_spec()}
+            return {"structural_tag": self.structural_tag_spec}
         return {}
 
 
@@ -157,7 +157,7 @@ class StructuredOutputsIn(BaseModel):
     def grammar_params(self) -> dict[str, str]:
         """The one sampling parameter (regex, json_schema, ebnf or structural_tag) that carries the constraint."""
         if self.structural_tag is not None:
-            return {"structural_tag": self.structural_tag.structural_tag_spec()}
+            return {"structural_tag": self.structural_tag.structural_tag_spec}
         if self.json_ is not None:
             return {"json_schema": self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)}
         if self.json_object:

@@ -119,8 +119,8 @@ class RouterClient:
     def fail_all(self, status: int, message: str) -> None:
         """End every generation in flight with an error (its caller reports it to its client),
         and abort it on the router."""
-        for rid, queue in self._streams.items():
-            queue.put_nowait(RequestOutput(rid=rid, finished=True, error=message, status=status))
+        for rid in self._streams:
+            self._end(rid, status, message)
             self.abort(rid)
 
     def abort(self, rid: str, abort_all: bool = False) -> None:
@@ -184,11 +184,15 @@ class RouterClient:
     def _fail_unreadable(self, exc: ProtocolError) -> None:
         """The request or call an unreadable answer names fails (500) instead of waiting for ever."""
         why = f"the api could not read the router's answer (is the router of the same version?): {exc}"
-        rid, cid = exc.fields.get("rid"), exc.fields.get("cid")
-        if isinstance(rid, str) and rid in self._streams:
-            self._streams[rid].put_nowait(RequestOutput(rid=rid, finished=True, error=why, status=500))
-        if isinstance(cid, str):
+        rid, cid = exc.named("rid"), exc.named("cid")
+        if rid in self._streams:
+            self._end(rid, 500, why)
+        if cid is not None:
             self._resolve(ControlResponse(cid, error=why))
+
+    def _end(self, rid: str, status: int, message: str) -> None:
+        """``rid``'s stream ends with an error (its caller reports it to its client)."""
+        self._streams[rid].put_nowait(RequestOutput(rid=rid, finished=True, error=message, status=status))
 
     def _resolve(self, msg: ControlResponse) -> None:
         fut = self._controls.get(msg.cid)

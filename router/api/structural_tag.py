@@ -5,6 +5,7 @@ the older ``structures`` + ``triggers`` form, read as the triggered tags it stan
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -55,8 +56,10 @@ class StructuralTagFields(BaseModel):
                 raise FieldError("triggers", f"no structure's begin starts with the trigger {trigger!r}")
         return self
 
+    @cached_property
     def structural_tag_spec(self) -> str:
-        """The tag as xgrammar's structural tag JSON (its ``format`` form), which the router compiles."""
+        """The tag as xgrammar's structural tag JSON (its ``format`` form), which the router
+        compiles (made once: the request's size check and its sampling parameters both read it)."""
         if self.format is None:
             tags = [structure.as_tag() for structure in self.structures or []]
             form = {"type": "triggered_tags", "triggers": self.triggers, "tags": tags}

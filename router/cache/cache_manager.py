@@ -131,6 +131,8 @@ class CacheManager:
         return self.pins.pin(tokens, salt, ttl_s, now)
 
     def unpin(self, tokens: np.ndarray, salt: str | None) -> Pin | None:
+        if not self.enabled:
+            raise PinRefused(CACHE_DISABLED)
         return self.pins.unpin(tokens, salt)
 
     def evict_prefix(self, tokens: np.ndarray, salt: str | None) -> int:
