@@ -81,6 +81,9 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None  # xgrammar's structural tag JSON (its "format" form)
+    # the grammar holds only after the output has written this text (a reasoning model's end of
+    # thinking, </think>: SGLang's require_reasoning); None: from the first token
+    grammar_after: str | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     stream_interval: int | None = None  # a streaming request's own (SGLang's field); None: the server's
     # max_new_tokens is the api's default, not the client's: the router lowers it to the room

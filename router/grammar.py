@@ -10,7 +10,7 @@ import queue
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,24 @@ GrammarKey = tuple[str, str]  # (kind, spec)
 
 
 @dataclass(slots=True)
+class ThinkingGate:
+    """Holds a grammar back while a reasoning model thinks, as SGLang's reasoner grammar does:
+    it opens after the output token that completes ``marker`` (``</think>``). The marker is
+    looked for in the text of the last tokens, so any tokens that spell it count."""
+
+    marker: str
+    tokenizer: Tokenizer
+    recent: list[int] = field(default_factory=list)
+
+    def passes(self, token: int) -> bool:
+        """Whether ``token`` completes the marker: the grammar holds from the next token on."""
+        # each token spells at least one byte of the (ASCII) marker, so its length in tokens is enough
+        self.recent.append(token)
+        del self.recent[: -len(self.marker)]
+        return self.marker in self.tokenizer.decode(self.recent, skip_special_tokens=False)
+
+
+@dataclass(slots=True)
 class RequestGrammar:
     """Where one request stands in its grammar: fills its row of the step's mask and follows
     every token it appends. Retraction keeps a request's output tokens, so the matcher never
@@ -35,6 +53,12 @@ class RequestGrammar:
 
     matcher: xgr.GrammarMatcher
     mask_width: int  # int32 words per mask row: ceil(model vocab / 32)
+    gate: ThinkingGate | None = None  # None: the grammar holds from the first token
+
+    @property
+    def holds(self) -> bool:
+        """Whether the grammar constrains the next token (not while the model still thinks)."""
+        return self.gate is None
 
     def fill(self, mask: np.ndarray, row: int) -> None:
         """Write into ``mask[row]`` the tokens the grammar allows next (stop tokens only once
@@ -43,6 +67,10 @@ class RequestGrammar:
 
     def accept(self, token: int) -> dict[str, Any] | None:
         """Advance past ``token``; the finish reason once the grammar has ended on a stop token."""
+        if self.gate is not None:
+            if self.gate.passes(token):
+                self.gate = None
+            return None
         if not self.matcher.accept_token(token):
             # the mask forbade it: the worker ignored the mask
             return {"type": "abort", "message": f"sampled token {token} violates the request's grammar"}
@@ -75,6 +103,7 @@ class GrammarCache:
         # with theirs), or compact separators only (--constrained-json-disable-any-whitespace)
         self.json_any_whitespace = json_any_whitespace
         self.mask_width = -(-vocab_size // 32)
+        self._tokenizer = tokenizer
         info = tokenizer_info(tokenizer, vocab_size)
         self._compiler = new_compiler(info)
         self._probe = CompileProbe(info)
@@ -128,8 +157,11 @@ class GrammarCache:
                 if future.exception() is None:
                     self._store(key, future.result())
 
-    def matcher(self, compiled: xgr.CompiledGrammar) -> RequestGrammar:
-        return RequestGrammar(xgr.GrammarMatcher(compiled), self.mask_width)
+    def matcher(self, compiled: xgr.CompiledGrammar, after: str | None = None) -> RequestGrammar:
+        """A request's own matcher of ``compiled``, held back until its output writes ``after``
+        (None: it holds from the first token)."""
+        gate = None if after is None else ThinkingGate(after, self._tokenizer)
+        return RequestGrammar(xgr.GrammarMatcher(compiled), self.mask_width, gate)
 
     def _work(self) -> None:
         while True:
@@ -153,7 +185,7 @@ class GrammarCache:
     def for_request(self, sampling: SamplingParams) -> RequestGrammar | None:
         """A fresh matcher for the grammar ``sampling`` asks for, or None when it asks for none."""
         key = requested_grammar(sampling)
-        return None if key is None else self.matcher(self.compile(*key))
+        return None if key is None else self.matcher(self.compile(*key), sampling.grammar_after)
 
 
 def requested_grammar(sampling: SamplingParams) -> GrammarKey | None:

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 import xgrammar as xgr
 
-from radixcluster.router.grammar import GrammarCache, GrammarKey, RequestGrammar
+from radixcluster.router.grammar import GrammarCache, GrammarKey
 from radixcluster.router.grammar_compile import GrammarBusy, GrammarError, Wait, too_busy
 
 logger = logging.getLogger(__name__)
@@ -29,10 +29,10 @@ T = TypeVar("T")
 
 @dataclass(slots=True, frozen=True)
 class GrammarOutcome(Generic[T]):
-    """A wait that ended: a matcher for the request, or the error (and HTTP status) to answer."""
+    """A wait that ended: the compiled grammar, or the error (and HTTP status) to answer."""
 
     payload: T
-    grammar: RequestGrammar | None
+    compiled: xgr.CompiledGrammar | None
     error: str | None = None
     status: int = 200
 
@@ -101,7 +101,7 @@ class GrammarWaits(Generic[T]):
             return GrammarOutcome(wait.payload, None, str(exc), 503)
         try:
             if exc is None:
-                return GrammarOutcome(wait.payload, self.grammars.matcher(wait.future.result()))
+                return GrammarOutcome(wait.payload, wait.future.result())
             raise exc
         except Exception:
             logger.exception("compiling the grammar of request %s failed", rid)

@@ -237,7 +237,7 @@ class Router:
             if compiled is None:
                 self.compiling.add(msg.rid, key, (msg, request, prompt_text))
                 return []
-            request.grammar = self.grammars.matcher(compiled)
+            request.grammar = self.grammars.matcher(compiled, msg.sampling.grammar_after)
         self._queue(msg, request, prompt_text)
         return []
 
@@ -337,10 +337,10 @@ class Router:
         outputs = []
         for done in self.compiling.finished():
             msg, request, prompt_text = done.payload
-            if done.grammar is None:
+            if done.compiled is None:
                 outputs.append(_failed(msg.rid, done.error or "the grammar did not compile", done.status))
                 continue
-            request.grammar = done.grammar
+            request.grammar = self.grammars.matcher(done.compiled, msg.sampling.grammar_after)
             try:
                 self._queue(msg, request, prompt_text)
             except Exception:

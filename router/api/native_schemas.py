@@ -341,6 +341,8 @@ class GenerateIn(BaseModel):
     extra_key: Key | list[Key] | None = None
     deadline_s: Deadline = None
     gateway_tokens: GatewayTokensIn | None = None
+    # SGLang's: under --reasoning-parser, a grammar holds only once the model's thinking has ended
+    require_reasoning: bool = False
 
     _prompts_fit = field_validator("text", "input_ids", mode="before")(prompts_fit_context)
 
@@ -412,8 +414,9 @@ class GenerateIn(BaseModel):
         """SGLang answers a batch, or ``n > 1``, with a list."""
         return self.is_batch or any(self.params_for(i).n > 1 for i in range(len(self.prompts())))
 
-    def expand(self) -> list[GenerateRequest]:
-        """One GenerateRequest per prompt and sample, prompt-major (SGLang's order)."""
+    def expand(self, grammar_after: str | None = None) -> list[GenerateRequest]:
+        """One GenerateRequest per prompt and sample, prompt-major (SGLang's order); a grammar
+        holds only after the output writes ``grammar_after`` (the end of a model's thinking)."""
         given_max = next((v for v in (self.max_new_tokens, self.max_tokens) if v is not None), None)
         prompts = self.prompts()
         if isinstance(self.rid, list):
@@ -425,7 +428,7 @@ class GenerateIn(BaseModel):
             params = self.params_for(i)
             if given_max is not None and params.max_new_tokens is None:
                 params = params.model_copy(update={"max_new_tokens": given_max})
-            sampling = params.to_protocol()
+            sampling = dataclasses.replace(params.to_protocol(), grammar_after=grammar_after)
             for sample, rid in enumerate(derive_rids(bases[i], params.n)):
                 requests.append(
                     GenerateRequest(

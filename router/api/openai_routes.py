@@ -11,6 +11,7 @@ import itertools
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,7 +35,7 @@ from radixcluster.router.api.generation import (
 from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest, ToolsRequest
-from radixcluster.router.api.reasoning import REASONING_FORMATS
+from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_start
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -164,16 +165,24 @@ def chat_logprobs(entries: list[list[Any]], gen: Generation) -> dict[str, Any]:
 
 
 def _requests(
-    body: OpenAIRequest, inputs: list[dict[str, Any]], return_logprob: bool, top_logprobs: int, prompt_logprobs: bool
+    body: OpenAIRequest,
+    inputs: list[dict[str, Any]],
+    return_logprob: bool,
+    top_logprobs: int,
+    prompt_logprobs: bool,
+    reasoning_parser: str | None,
 ) -> list[GenerateRequest]:
     """``n`` requests per input, input-major, with distinct ids; ``prompt_logprobs``: the
-    prompts' tokens scored too."""
+    prompts' tokens scored too. A chat's grammar holds after its thinking, if it thinks."""
     sampling = body.protocol_sampling()
+    starts = [
+        grammar_start(reasoning_parser, i.get("chat_template_kwargs")) if "messages" in i else None for i in inputs
+    ]
     rids = derive_rids(body.rid, len(inputs) * body.n)
     return [
         GenerateRequest(
             rid=rid,
-            sampling=nth_sample(sampling, k % body.n),
+            sampling=replace(nth_sample(sampling, k % body.n), grammar_after=starts[k // body.n]),
             stream=body.stream,
             return_logprob=return_logprob,
             return_text_in_logprobs=return_logprob,
@@ -324,7 +333,7 @@ def start_generations(
     if body.pins():  # a pin is a cache-control call: with an admin key, only its holder's
         admin_check(ctx.config.admin_api_key)(request)
     deadline = deadline_of(body.deadline_s)
-    requests = _requests(body, inputs, return_logprob, top_logprobs, prompt_logprobs)
+    requests = _requests(body, inputs, return_logprob, top_logprobs, prompt_logprobs, ctx.config.reasoning_parser)
     return [run_generation(ctx.client, r, ctx.metrics, deadline) for r in requests]
 
 

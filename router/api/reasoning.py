@@ -4,6 +4,7 @@ vLLM's names): the text between ``<think>`` and ``</think>`` is ``reasoning_cont
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from radixcluster.router.api.text_markers import marker_tail
 
@@ -15,6 +16,14 @@ class ReasoningFormat:
     # the chat template opens the thinking itself (DeepSeek-R1's ends its prompt with <think>), so
     # an answer starts inside it, <think> written or not
     opens_in_prompt: bool
+    # the chat template's variable whose false turns the thinking off (Qwen3's enable_thinking,
+    # whose template then writes an empty thinking into the prompt); None: the model always thinks
+    switch: str | None = None
+
+    def thinks(self, template_kwargs: dict[str, Any] | None) -> bool:
+        """Whether a chat rendered with ``template_kwargs`` thinks before it answers (SGLang's
+        require_reasoning of a chat): its grammar then holds only after ``END``."""
+        return self.switch is None or (template_kwargs or {}).get(self.switch) is not False
 
     def split(self, text: str, final: bool = True) -> tuple[str, str]:
         """The reasoning and the answer of ``text``. While the text grows (``final`` false), an
@@ -45,5 +54,13 @@ class ReasoningFormat:
 REASONING_FORMATS = {
     "deepseek-r1": ReasoningFormat(opens_in_prompt=True),
     "deepseek_r1": ReasoningFormat(opens_in_prompt=True),
-    "qwen3": ReasoningFormat(opens_in_prompt=False),
+    "qwen3": ReasoningFormat(opens_in_prompt=False, switch="enable_thinking"),
 }
+
+
+def grammar_start(parser: str | None, template_kwargs: dict[str, Any] | None) -> str | None:
+    """Where a chat's grammar starts to hold under the server's reasoning parser: after ``END``
+    when the model thinks first, as SGLang holds it back; None: from the first token."""
+    if parser is None or not REASONING_FORMATS[parser].thinks(template_kwargs):
+        return None
+    return END

@@ -163,6 +163,36 @@ def test_a_token_outside_the_grammar_aborts(grammars, tokenizer):
     assert reason["type"] == "abort" and "violates" in reason["message"]
 
 
+@pytest.mark.parametrize("spelled", ["canonical", "one character a token"])
+def test_a_grammar_held_back_while_the_model_thinks_holds_from_the_token_after_the_marker(grammars, tokenizer, spelled):
+    """SGLang's require_reasoning: until the output writes </think>, however its tokens spell it,
+    the row is not masked and the matcher stays at its start; from the next token it holds."""
+    grammar = grammars.for_request(SamplingParams(regex=PHONE, grammar_after="</think>"))
+    plain = grammars.for_request(SamplingParams(regex=PHONE))
+    thinking = tokenizer.encode("<think>A phone number, then.", add_special_tokens=False)
+    if spelled == "canonical":
+        marker = tokenizer.encode("</think>", add_special_tokens=False)
+    else:
+        marker = [tokenizer.encode(c, add_special_tokens=False)[0] for c in "</think>"]
+    assert len(marker) > 1
+    for token in [*thinking, *marker[:-1]]:
+        assert not grammar.holds and grammar.accept(token) is None  # a phone number starts with none of them
+    assert grammar.accept(marker[-1]) is None and grammar.holds
+    assert next_allowed(grammar) == next_allowed(plain)
+    assert grammar.accept(tokenizer.encode("x", add_special_tokens=False)[0])["type"] == "abort"
+
+
+def test_a_thinking_grammar_request_is_unmasked_until_its_marker(grammars, tokenizer):
+    sp = SamplingParams(regex="a+", grammar_after="</think>")
+    g = Request("g", prompt(1, 10), sp, tokenizer.eos_token_ids, grammar=grammars.for_request(sp))
+    assert build_vocab_mask([g], [0], [10]) is None  # no grammar holds: the fast path
+    for token in tokenizer.encode("</think>", add_special_tokens=False):
+        g.grammar.accept(token)
+        g.output_ids.append(token)
+    mask = build_vocab_mask([g], [0], [g.fill_len])
+    assert mask is not None and allowed(mask[0]) == next_allowed(grammars.for_request(SamplingParams(regex="a+")))
+
+
 def test_special_tokens_are_never_allowed_as_text(grammars, tokenizer):
     grammar = grammars.for_request(SamplingParams(regex=r"[<|a-z_>]{1,20}"))
     assert not next_allowed(grammar) & tokenizer.special_ids

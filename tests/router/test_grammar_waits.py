@@ -29,7 +29,7 @@ def wait_for(waits: GrammarWaits, count: int) -> list:
     return ended
 
 
-def test_requests_for_one_spec_share_one_compile_and_get_their_own_matchers(grammars):
+def test_requests_for_one_spec_share_one_compile(grammars):
     waits: GrammarWaits[str] = GrammarWaits(grammars)
     key = ("regex", "(yes|no) [0-9]{2}")
     waits.add("a", key, "payload a")
@@ -37,16 +37,16 @@ def test_requests_for_one_spec_share_one_compile_and_get_their_own_matchers(gram
     assert len(waits) == 2 and "a" in waits
     ended = wait_for(waits, 2)
     assert [e.payload for e in ended] == ["payload a", "payload b"]
-    assert all(e.error is None and e.grammar is not None for e in ended)
-    assert ended[0].grammar is not ended[1].grammar  # a matcher is per request
-    assert grammars.lookup(key) is not None and len(waits) == 0
+    assert all(e.error is None for e in ended)
+    assert ended[0].compiled is ended[1].compiled is grammars.lookup(key)
+    assert len(waits) == 0
 
 
 def test_a_spec_that_does_not_compile_is_a_400_that_says_why(grammars):
     waits: GrammarWaits[None] = GrammarWaits(grammars)
     waits.add("bad", ("json_schema", "{not json"), None)
     (ended,) = wait_for(waits, 1)
-    assert ended.status == 400 and ended.grammar is None and "invalid json_schema" in ended.error
+    assert ended.status == 400 and ended.compiled is None and "invalid json_schema" in ended.error
 
 
 def test_a_wait_that_runs_out_is_a_503_and_the_spec_is_cached_when_it_finishes(grammars):

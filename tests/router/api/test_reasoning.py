@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixcluster.router.api.reasoning import REASONING_FORMATS
+from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_start
 
 R1, QWEN3 = REASONING_FORMATS["deepseek-r1"], REASONING_FORMATS["qwen3"]
 
@@ -56,3 +56,17 @@ def test_what_a_stream_sends_is_always_a_prefix_of_the_whole(fmt, text: str) -> 
 )
 def test_the_thinking_as_written_keeps_its_markers(fmt, text: str, written: str) -> None:
     assert fmt.written(text) == written
+
+
+@pytest.mark.parametrize(
+    "parser, kwargs, start",
+    [
+        (None, None, None),  # no reasoning parser: the grammar holds from the first token
+        ("deepseek-r1", {"enable_thinking": False}, "</think>"),  # its template always opens the thinking
+        ("qwen3", None, "</think>"),  # Qwen 3 thinks unless told not to
+        ("qwen3", {"enable_thinking": True}, "</think>"),
+        ("qwen3", {"enable_thinking": False}, None),  # its template writes an empty thinking into the prompt
+    ],
+)
+def test_a_chats_grammar_starts_after_the_thinking_it_will_write(parser, kwargs, start) -> None:
+    assert grammar_start(parser, kwargs) == start
