@@ -1,6 +1,8 @@
 """``--log-requests``: one line when the router queues a request and one when it ends (its id,
 tenant, counts, finish reason or error, and seconds), never the prompt's or the answer's text,
-on the logger ``radixcluster.requests`` whatever ``--log-level`` says."""
+on the logger ``radixcluster.requests`` whatever ``--log-level`` says. The server's own probes
+(``/health_generate``, in no statistic either) are not logged: one every few seconds would bury
+the users' requests."""
 
 from __future__ import annotations
 
@@ -20,10 +22,14 @@ class RequestLog:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._queued_at: dict[str, float] = {}
+        self._probes: set[str] = set()
         logger.setLevel(logging.INFO if enabled else logging.WARNING)
 
     def queued(self, request: Request) -> None:
         if not self.enabled:
+            return
+        if not request.log_metrics:
+            self._probes.add(request.rid)
             return
         self._queued_at[request.rid] = time.monotonic()
         s = request.sampling
@@ -46,6 +52,9 @@ class RequestLog:
         return outputs
 
     def _end(self, out: RequestOutput) -> None:
+        if out.rid in self._probes:
+            self._probes.discard(out.rid)
+            return
         start = self._queued_at.pop(out.rid, None)
         took = f", {time.monotonic() - start:.3f} s" if start is not None else ""
         if out.error is not None:

@@ -122,7 +122,8 @@ def test_stream_deltas_concatenate_to_the_whole_and_a_stop_string_trims(router, 
 
 def test_log_requests_logs_each_request_queued_and_ended_without_its_text(model_path, runner, caplog):
     """--log-requests: a line when a request is queued and one when it ends, whatever the log
-    level; the prompt's and answer's text never; none of it without the flag."""
+    level; the prompt's and answer's text never; none of it without the flag, nor for the
+    server's own probe."""
     prompt = "A secret the log must not show: swordfish. The capital of France is"
     with caplog.at_level(logging.DEBUG, logger="radixcluster.requests"):
         quiet = Router(router_config(model_path))
@@ -132,6 +133,7 @@ def test_log_requests_logs_each_request_queued_and_ended_without_its_text(model_
     logged = Router(router_config(model_path, log_requests=True))
     ran = run(logged, runner, request(prompt, sampling={"max_new_tokens": 3, "ignore_eos": True}))
     run(logged, runner, request(prompt, sampling={"max_new_tokens": 10_000}))  # past the context: a 400
+    run(logged, runner, request(prompt, sampling={"max_new_tokens": 1}, log_metrics=False))  # /health_generate's
     (last,) = [outs[-1] for outs in ran.values()]
     lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.requests"]
     assert len(lines) == 3
