@@ -167,19 +167,23 @@ def _from_hf_dir(path: Path) -> ModelConfig:
         qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_list(eos),
-        sliding_window=_sliding_window(cfg),
+        sliding_window=_sliding_window(cfg, family),
     )
 
 
-def _sliding_window(cfg: dict[str, Any]) -> int | None:
-    """The window of a config whose layers slide (Mistral's ``sliding_window``; Qwen2's
-    only with ``use_sliding_window``; a ``layer_types`` list names the sliding layers)."""
+def _sliding_window(cfg: dict[str, Any], family: str) -> int | None:
+    """The window of a config whose layers slide: Mistral's ``sliding_window``; a ``layer_types``
+    list names the sliding layers; else Qwen2's slide as transformers reads its config, only with
+    ``use_sliding_window`` true, and only the layers from ``max_window_layers`` on (28 unsaid)."""
     window = cfg.get("sliding_window")
     if not isinstance(window, int) or window <= 0 or cfg.get("use_sliding_window") is False:
         return None
     layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and "sliding_attention" not in layer_types:
-        return None
+    if isinstance(layer_types, list):
+        return window if "sliding_attention" in layer_types else None
+    if family == "qwen2":
+        slides = cfg.get("use_sliding_window") is True and cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
+        return window if slides else None
     return window
 
 

@@ -102,8 +102,20 @@ def test_silu_under_either_name_is_served(tmp_path, hf_model_dir):
     [
         ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 4096}, 4096),
         ({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": None}, None),
-        # Qwen2's window is off unless use_sliding_window; a layer_types list names the sliding layers
+        # Qwen2's window is off unless use_sliding_window (unsaid: false), and then slides only the
+        # layers from max_window_layers (unsaid: 28) on; a layer_types list names the sliding layers
         ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": False}, None),
+        ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096}, None),
+        ({"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096, "use_sliding_window": True}, 4096),
+        (
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "sliding_window": 4096,
+                "use_sliding_window": True,
+                "max_window_layers": 30,
+            },
+            None,
+        ),
         ({"sliding_window": 4096, "layer_types": ["full_attention"] * 30}, None),
         ({"sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"] * 15}, 4096),
     ],
