@@ -168,10 +168,12 @@ def plan_kv_pages(
     if prepack:
         budget -= packed_weight_bytes(cfg, dtype_bytes) / args.tp_size
     tokens = int(budget // cfg.kv_bytes_per_token(args.tp_size, kv_dtype_bytes or dtype_bytes))
-    if tokens < args.page_size * 2:
+    if tokens < 2:
         raise ValueError(
             f"--mem-fraction-static {mem_fraction(args, device)} leaves no room for a KV cache after the weights"
         )
+    if tokens < args.page_size * 2:
+        raise ValueError(f"--page-size {args.page_size}: the KV cache holds {tokens} tokens, not two pages of them")
     return tokens // args.page_size
 
 

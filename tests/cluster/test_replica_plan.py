@@ -76,6 +76,14 @@ def test_pages_hold_tokens_of_the_page_size(cfg):
     assert plan_kv_pages(ServerArgs(page_size=16), cfg, "cpu", 4, 8 * GIB) == tokens // 16
 
 
+def test_a_pool_too_small_names_the_flag_that_made_it_so(cfg):
+    with pytest.raises(ValueError, match="--mem-fraction-static 0.0001 leaves no room"):
+        plan_kv_pages(ServerArgs(mem_fraction_static=0.0001), cfg, "cpu", 4, 4 * GIB)
+    tokens = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 4 * GIB)
+    with pytest.raises(ValueError, match=f"--page-size 100000: the KV cache holds {tokens} tokens, not two pages"):
+        plan_kv_pages(ServerArgs(page_size=100_000), cfg, "cpu", 4, 4 * GIB)
+
+
 def test_cpu_ranks_share_one_ram_and_gpu_ranks_have_their_own(cfg):
     one = plan_kv_pages(ServerArgs(), cfg, "cpu", 4, 16 * GIB)
     three = plan_kv_pages(ServerArgs(tp_size=3), cfg, "cpu", 4, 16 * GIB)
