@@ -1,7 +1,8 @@
 """SGLang's INFO line for each prefill step, the one users grep to see the cache at work:
 ``Prefill batch. #new-seq: 2, #new-token: 96, #cached-token: 620, token usage: 0.03,
-#running-req: 4, #queue-req: 0`` (its fields: the requests whose prefill starts in this step,
-the prompt tokens it computes, what the cache gave the new ones, the KV pool's share in use)."""
+#running-req: 4, #queue-req: 0`` (its fields: the requests it prefills, a chunked prompt's later
+chunks included as SGLang counts them, the prompt tokens it computes, what the cache gave the
+requests whose prefill starts here, the KV pool's share in use)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ def log_prefill(forward: ForwardBatch, requests: list[Request], running: int, qu
     for req, prefix_len, extend_len in zip(requests, forward.prefix_lens, forward.extend_lens):
         if req.state is not ReqState.PREFILLING:
             continue  # a running request's next token, riding along
+        new_seqs += 1
         new_tokens += int(extend_len)
         if prefix_len == req.cached_tokens:  # its first chunk: what it found in the cache
-            new_seqs += 1
             cached += int(prefix_len)
     logger.info(
         "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "

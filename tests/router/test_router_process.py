@@ -190,6 +190,16 @@ def test_each_prefill_step_logs_sglangs_line_with_the_cached_tokens(router, runn
     )
 
 
+def test_a_chunked_prompts_later_chunks_log_as_sglang_counts_them(router, runner, caplog):
+    """Chunks of 64: each step's line counts the request being prefilled (SGLang's #new-seq
+    counts a chunked request in every step) and its cache hit only in its first."""
+    with caplog.at_level(logging.INFO, logger="radixcluster.router.prefill_log"):
+        (outs,) = run(router, runner, request("Count the words of this sentence with care. " * 15)).values()
+    lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.router.prefill_log"]
+    pattern = r"Prefill batch\. #new-seq: 1, #new-token: (\d+), #cached-token: 0, .*"
+    assert len(lines) > 1 and sum(int(re.fullmatch(pattern, line).group(1)) for line in lines) == outs[-1].prompt_tokens
+
+
 def test_a_stream_interval_sends_the_first_token_then_that_many_at_a_time(model_path, runner):
     """--stream-interval 4: a streaming request's outputs carry 1, 4, 4, ... tokens and the
     rest at the end, spelling what the interval of 1 spells; a non-streaming one is unchanged;
