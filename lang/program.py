@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
@@ -45,6 +46,11 @@ class SglFunction:
     """A program: a function whose first argument is the state ``s``."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
+        params = list(inspect.signature(func).parameters.values())
+        if not params or params[0].name != "s" or params[0].kind is inspect.Parameter.KEYWORD_ONLY:
+            # SGLang refuses the same at definition: the state is passed first, so another first
+            # parameter would get the state and the program's own arguments would shift
+            raise TypeError(f'the first argument of the program {func.__name__!r} must be the state "s"')
         self.func = func
         functools.update_wrapper(self, func)
 

@@ -67,3 +67,10 @@ def test_run_batch_passes_the_defaults_to_every_run(backend):
     )
     with pytest.raises(ValueError, match="num_threads"):
         answer.run_batch([{"question": QUESTION}], backend=backend, num_threads=0)
+
+
+@pytest.mark.parametrize("program", [lambda question: None, lambda: None, lambda *, s: None])
+def test_a_program_whose_first_argument_is_not_the_state_is_refused_where_it_is_defined(program):
+    """As SGLang refuses it: the state comes first, so any other first parameter would take it."""
+    with pytest.raises(TypeError, match='must be the state "s"'):
+        sgl.function(program)
