@@ -189,6 +189,7 @@ class ResponsesIn(OneAnswerRequest):
     max_output_tokens: Count | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # SGLang's and vLLM's, as on the chat
     metadata: dict[str, str] | None = None
     # what else the output carries; of the API's options only the message's logprobs apply here
     # (the others name tools and inputs this server refuses, or encrypted reasoning it never writes)
@@ -262,7 +263,7 @@ class ResponsesIn(OneAnswerRequest):
         return {
             "messages": self.messages(),
             "tools": self.template_tools(),
-            "chat_template_kwargs": template_kwargs(None, effort),
+            "chat_template_kwargs": template_kwargs(self.chat_template_kwargs, effort),
         }
 
     def response_tools(self) -> list[dict[str, Any]]:

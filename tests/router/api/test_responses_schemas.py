@@ -85,6 +85,14 @@ WEATHER = {
 }
 
 
+def test_the_templates_variables_reach_it_as_the_chats_do() -> None:
+    """SGLang's and vLLM's chat_template_kwargs (Qwen's enable_thinking), and the effort beside them."""
+    body = ResponsesIn.model_validate(
+        {"input": "Hi", "chat_template_kwargs": {"enable_thinking": False}, "reasoning": {"effort": "high"}}
+    )
+    assert body.chat_input()["chat_template_kwargs"] == {"enable_thinking": False, "reasoning_effort": "high"}
+
+
 def test_flat_function_tools_read_as_the_chats_and_are_listed_flat_again() -> None:
     body = ResponsesIn.model_validate(
         {"input": "Weather?", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}
