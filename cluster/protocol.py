@@ -84,6 +84,9 @@ class SamplingParams:
     # the grammar holds only after the output has written this text (a reasoning model's end of
     # thinking, </think>: SGLang's require_reasoning); None: from the first token
     grammar_after: str | None = None
+    # with grammar_after: the thinking opens only if the output starts with this (a model that writes
+    # its own <think>); a first token that does not is the answer's. None: it is open from the start
+    thinking_start: str | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     stream_interval: int | None = None  # a streaming request's own (SGLang's field); None: the server's
     # max_new_tokens is the api's default, not the client's: the router lowers it to the room

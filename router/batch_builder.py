@@ -133,12 +133,12 @@ def build_vocab_mask(
 ) -> np.ndarray | None:
     """The step's int32 [B, W] bitmask (``ForwardBatch.vocab_mask``): a grammar request that
     samples this step (a decode, or its last prefill chunk) gets its matcher's row, every other
-    row allows all tokens (a grammar held back while its model thinks too). None, the fast path,
-    when no sampling request's grammar holds."""
+    row allows all tokens (a grammar held back while its model thinks, mostly, too). None, the
+    fast path, when no sampling request's row needs one."""
     rows = [
         (i, r.grammar)
         for i, (r, prefix, extend) in enumerate(zip(reqs, prefix_lens, extend_lens))
-        if r.grammar is not None and r.grammar.holds and prefix + extend == r.fill_len
+        if r.grammar is not None and r.grammar.masks and prefix + extend == r.fill_len
     ]
     if not rows:
         return None

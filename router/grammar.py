@@ -10,7 +10,7 @@ import queue
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,30 +19,13 @@ import xgrammar as xgr
 from radixcluster.protocol import SamplingParams
 from radixcluster.router.grammar_compile import GRAMMAR_KINDS, CompileProbe, Wait, compile_spec, new_compiler
 from radixcluster.router.text.tokenizer import Tokenizer
+from radixcluster.router.thinking_gate import MarkerMasks, ThinkingGate, marker_masks
 
 logger = logging.getLogger(__name__)
 
 # distinct specs kept compiled; the least recently used goes first (clients can send any number)
 MAX_CACHED_GRAMMARS = 256
 GrammarKey = tuple[str, str]  # (kind, spec)
-
-
-@dataclass(slots=True)
-class ThinkingGate:
-    """Holds a grammar back while a reasoning model thinks, as SGLang's reasoner grammar does:
-    it opens after the output token that completes ``marker`` (``</think>``). The marker is
-    looked for in the text of the last tokens, so any tokens that spell it count."""
-
-    marker: str
-    tokenizer: Tokenizer
-    recent: list[int] = field(default_factory=list)
-
-    def passes(self, token: int) -> bool:
-        """Whether ``token`` completes the marker: the grammar holds from the next token on."""
-        # each token spells at least one byte of the (ASCII) marker, so its length in tokens is enough
-        self.recent.append(token)
-        del self.recent[: -len(self.marker)]
-        return self.marker in self.tokenizer.decode(self.recent, skip_special_tokens=False)
 
 
 @dataclass(slots=True)
@@ -56,21 +39,26 @@ class RequestGrammar:
     gate: ThinkingGate | None = None  # None: the grammar holds from the first token
 
     @property
-    def holds(self) -> bool:
-        """Whether the grammar constrains the next token (not while the model still thinks)."""
-        return self.gate is None
+    def masks(self) -> bool:
+        """Whether the next token's row needs a mask (while the model thinks, mostly not)."""
+        return self.gate is None or self.gate.restricts
 
     def fill(self, mask: np.ndarray, row: int) -> None:
-        """Write into ``mask[row]`` the tokens the grammar allows next (stop tokens only once
-        it may end)."""
-        self.matcher.fill_next_token_bitmask(mask, row)
+        """Write into ``mask[row]`` the tokens allowed next: the grammar's (stop tokens only once
+        it may end), or while the model thinks, what its gate allows."""
+        if self.gate is None:
+            self.matcher.fill_next_token_bitmask(mask, row)
+        else:
+            self.gate.fill(mask, row, self.matcher)
 
     def accept(self, token: int) -> dict[str, Any] | None:
         """Advance past ``token``; the finish reason once the grammar has ended on a stop token."""
         if self.gate is not None:
-            if self.gate.passes(token):
+            step = self.gate.step(token)
+            if step != "thinking":
                 self.gate = None
-            return None
+            if step != "at":
+                return None
         if not self.matcher.accept_token(token):
             # the mask forbade it: the worker ignored the mask
             return {"type": "abort", "message": f"sampled token {token} violates the request's grammar"}
@@ -104,6 +92,8 @@ class GrammarCache:
         self.json_any_whitespace = json_any_whitespace
         self.mask_width = -(-vocab_size // 32)
         self._tokenizer = tokenizer
+        self._texts: list[str] = []  # each token's text, once a gate needs them
+        self._gates: dict[tuple[str, str | None], MarkerMasks] = {}
         info = tokenizer_info(tokenizer, vocab_size)
         self._compiler = new_compiler(info)
         self._probe = CompileProbe(info)
@@ -157,11 +147,27 @@ class GrammarCache:
                 if future.exception() is None:
                     self._store(key, future.result())
 
-    def matcher(self, compiled: xgr.CompiledGrammar, after: str | None = None) -> RequestGrammar:
-        """A request's own matcher of ``compiled``, held back until its output writes ``after``
-        (None: it holds from the first token)."""
-        gate = None if after is None else ThinkingGate(after, self._tokenizer)
+    def matcher(self, compiled: xgr.CompiledGrammar, sampling: SamplingParams) -> RequestGrammar:
+        """A request's own matcher of ``compiled``, held back while the model thinks when
+        ``sampling`` says so (``grammar_after``, ``thinking_start``)."""
+        gate = None
+        if sampling.grammar_after is not None:
+            masks = self._marker_masks(sampling.grammar_after, sampling.thinking_start)
+            gate = ThinkingGate(masks, self._decode_spelled, opening=sampling.thinking_start is not None)
         return RequestGrammar(xgr.GrammarMatcher(compiled), self.mask_width, gate)
+
+    def _marker_masks(self, end: str, start: str | None) -> MarkerMasks:
+        """Computed once per pair of markers (a fraction of a second: every token's text)."""
+        key = (end, start)
+        if key not in self._gates:
+            if not self._texts:
+                ids = [[token] for token in range(min(self.vocab_size, self._tokenizer.vocab_size))]
+                self._texts = self._tokenizer.backend.decode_batch(ids, skip_special_tokens=False)
+            self._gates[key] = marker_masks(self._texts, self.mask_width, end, start)
+        return self._gates[key]
+
+    def _decode_spelled(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def _work(self) -> None:
         while True:
@@ -185,7 +191,7 @@ class GrammarCache:
     def for_request(self, sampling: SamplingParams) -> RequestGrammar | None:
         """A fresh matcher for the grammar ``sampling`` asks for, or None when it asks for none."""
         key = requested_grammar(sampling)
-        return None if key is None else self.matcher(self.compile(*key), sampling.grammar_after)
+        return None if key is None else self.matcher(self.compile(*key), sampling)
 
 
 def requested_grammar(sampling: SamplingParams) -> GrammarKey | None:

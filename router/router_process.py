@@ -237,7 +237,7 @@ class Router:
             if compiled is None:
                 self.compiling.add(msg.rid, key, (msg, request, prompt_text))
                 return []
-            request.grammar = self.grammars.matcher(compiled, msg.sampling.grammar_after)
+            request.grammar = self.grammars.matcher(compiled, msg.sampling)
         self._queue(msg, request, prompt_text)
         return []
 
@@ -340,7 +340,7 @@ class Router:
             if done.compiled is None:
                 outputs.append(_failed(msg.rid, done.error or "the grammar did not compile", done.status))
                 continue
-            request.grammar = self.grammars.matcher(done.compiled, msg.sampling.grammar_after)
+            request.grammar = self.grammars.matcher(done.compiled, msg.sampling)
             try:
                 self._queue(msg, request, prompt_text)
             except Exception:

@@ -26,7 +26,7 @@ from radixcluster.router.api.generation import (
 from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.metrics import CONTENT_TYPE
 from radixcluster.router.api.native_schemas import GenerateIn
-from radixcluster.router.api.reasoning import grammar_start
+from radixcluster.router.api.reasoning import END
 from radixcluster.router.api.router_client import RouterError, RouterUnavailable
 
 HEALTH_TIMEOUT_S = 2.0
@@ -75,8 +75,9 @@ def native_routes(ctx: ApiContext) -> APIRouter:
     async def generate(request: Request) -> Response:
         body = await ctx.body(request, GenerateIn)
         deadline = deadline_of(body.deadline_s)
-        # SGLang's require_reasoning: a grammar holds once the thinking the reasoning parser reads has ended
-        after = grammar_start(ctx.config.reasoning_parser, None) if body.require_reasoning else None
+        # SGLang's require_reasoning: a grammar holds once the thinking the reasoning parser reads has
+        # ended (the model thinks from its first token, as SGLang takes it)
+        after = END if body.require_reasoning and ctx.config.reasoning_parser else None
         streams = [run_generation(ctx.client, sub, ctx.metrics, deadline) for sub in body.expand(after)]
         as_list = body.returns_list()
         if body.stream:

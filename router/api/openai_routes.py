@@ -35,7 +35,7 @@ from radixcluster.router.api.generation import (
 from radixcluster.router.api.json_text import JsonResponse
 from radixcluster.router.api.native_schemas import cache_namespace, derive_rids, nth_sample
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn, OpenAIRequest, ToolsRequest
-from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_start
+from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_gate
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -175,14 +175,19 @@ def _requests(
     """``n`` requests per input, input-major, with distinct ids; ``prompt_logprobs``: the
     prompts' tokens scored too. A chat's grammar holds after its thinking, if it thinks."""
     sampling = body.protocol_sampling()
-    starts = [
-        grammar_start(reasoning_parser, i.get("chat_template_kwargs")) if "messages" in i else None for i in inputs
+    gates = [
+        grammar_gate(reasoning_parser, i.get("chat_template_kwargs")) if "messages" in i else (None, None)
+        for i in inputs
     ]
     rids = derive_rids(body.rid, len(inputs) * body.n)
     return [
         GenerateRequest(
             rid=rid,
-            sampling=replace(nth_sample(sampling, k % body.n), grammar_after=starts[k // body.n]),
+            sampling=replace(
+                nth_sample(sampling, k % body.n),
+                grammar_after=gates[k // body.n][0],
+                thinking_start=gates[k // body.n][1],
+            ),
             stream=body.stream,
             return_logprob=return_logprob,
             return_text_in_logprobs=return_logprob,

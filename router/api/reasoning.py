@@ -58,9 +58,11 @@ REASONING_FORMATS = {
 }
 
 
-def grammar_start(parser: str | None, template_kwargs: dict[str, Any] | None) -> str | None:
-    """Where a chat's grammar starts to hold under the server's reasoning parser: after ``END``
-    when the model thinks first, as SGLang holds it back; None: from the first token."""
+def grammar_gate(parser: str | None, template_kwargs: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """``(grammar_after, thinking_start)``, the sampling fields that hold a chat's grammar back while
+    its model thinks under the server's reasoning parser, as SGLang holds it back ((None, None): it
+    holds from the first token): until ``END``, and where the model writes ``<think>`` itself, only
+    if its answer opens with it, as ``split`` reads the answer."""
     if parser is None or not REASONING_FORMATS[parser].thinks(template_kwargs):
-        return None
-    return END
+        return None, None
+    return END, None if REASONING_FORMATS[parser].opens_in_prompt else START

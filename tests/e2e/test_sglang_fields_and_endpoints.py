@@ -303,29 +303,28 @@ def test_sglangs_serving_flags_work_as_pasted():
 
 
 def assert_a_grammar_holds_after_the_thinking(handle) -> None:
-    """--reasoning-parser qwen3: a chat that thinks (Qwen 3's default) has its grammar held back
-    until </think>, which SmolLM2 never writes, so it answers as it would unconstrained; with
-    enable_thinking false the grammar holds from the first token. /generate holds it back only
-    when asked (SGLang's require_reasoning)."""
+    """--reasoning-parser qwen3: a chat that thinks (Qwen 3's default) holds its grammar back only
+    once its answer opens the thinking with a <think> token, which SmolLM2 does not have, so the
+    grammar holds from the first token, as with the thinking off. /generate holds it back when
+    asked (SGLang's require_reasoning): the thinking is open from the start until </think>, which
+    SmolLM2 never writes, so it answers as it would unconstrained."""
     regex = "zz[0-9]{3}"
     chat = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 12, **GREEDY}
-    free = post(handle, "/v1/chat/completions", chat).json()["choices"][0]["message"]["content"]
-    held = post(handle, "/v1/chat/completions", {**chat, "regex": regex}).json()["choices"][0]["message"]
-    assert held["content"] == free and not free.startswith("zz")
-    no_thinking = {**chat, "regex": regex, "chat_template_kwargs": {"enable_thinking": False}}
-    constrained = post(handle, "/v1/chat/completions", no_thinking).json()["choices"][0]["message"]["content"]
-    assert re.fullmatch(regex, constrained), constrained
+    for kwargs in (None, {"enable_thinking": False}):
+        body = {**chat, "regex": regex, "chat_template_kwargs": kwargs}
+        content = post(handle, "/v1/chat/completions", body).json()["choices"][0]["message"]["content"]
+        assert re.fullmatch(regex, content), content
+    free = generate(handle, PROMPT, 12)["text"]
     assert re.fullmatch(regex, generate(handle, PROMPT, 12, sampling_params={"regex": regex})["text"])
-    thinking = generate(handle, PROMPT, 12, sampling_params={"regex": regex}, require_reasoning=True)["text"]
-    assert thinking == generate(handle, PROMPT, 12)["text"]
+    assert generate(handle, PROMPT, 12, sampling_params={"regex": regex}, require_reasoning=True)["text"] == free
+    assert not free.startswith("zz")
 
 
 def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
     """--reasoning-parser qwen3 --tool-call-parser qwen25: with tool_choice "auto" the answer's
     <think> part is reasoning_content and its <tool_call> block tool_calls (written here under a
-    regex, as a Qwen model writes them unasked: with enable_thinking false, so that the regex holds
-    from the first token), the text between them content, streamed or not; separate_reasoning
-    false leaves the text whole."""
+    regex, as a Qwen model writes them unasked), the text between them content, streamed or not;
+    separate_reasoning false leaves the text whole."""
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
     written = (
         "<think>\\nThe user asks the time\\.\\n</think>\\n\\nIt is late\\."
@@ -337,7 +336,6 @@ def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
         "regex": written,
         "max_tokens": 160,
         "temperature": 0,
-        "chat_template_kwargs": {"enable_thinking": False},
     }
     choice = post(handle, "/v1/chat/completions", body).json()["choices"][0]
     message = choice["message"]
@@ -360,7 +358,6 @@ def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
         "regex": written,
         "max_output_tokens": 160,
         "temperature": 0,
-        "reasoning": {"effort": "none"},
     }
     response = post(handle, "/v1/responses", asked).json()
     reasoning, said, called = response["output"]

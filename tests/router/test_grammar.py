@@ -166,7 +166,7 @@ def test_a_token_outside_the_grammar_aborts(grammars, tokenizer):
 @pytest.mark.parametrize("spelled", ["canonical", "one character a token"])
 def test_a_grammar_held_back_while_the_model_thinks_holds_from_the_token_after_the_marker(grammars, tokenizer, spelled):
     """SGLang's require_reasoning: until the output writes </think>, however its tokens spell it,
-    the row is not masked and the matcher stays at its start; from the next token it holds."""
+    the matcher stays at its start; from the next token it holds."""
     grammar = grammars.for_request(SamplingParams(regex=PHONE, grammar_after="</think>"))
     plain = grammars.for_request(SamplingParams(regex=PHONE))
     thinking = tokenizer.encode("<think>A phone number, then.", add_special_tokens=False)
@@ -176,16 +176,49 @@ def test_a_grammar_held_back_while_the_model_thinks_holds_from_the_token_after_t
         marker = [tokenizer.encode(c, add_special_tokens=False)[0] for c in "</think>"]
     assert len(marker) > 1
     for token in [*thinking, *marker[:-1]]:
-        assert not grammar.holds and grammar.accept(token) is None  # a phone number starts with none of them
-    assert grammar.accept(marker[-1]) is None and grammar.holds
+        assert grammar.gate is not None and grammar.accept(token) is None  # a phone number starts with none
+    assert grammar.accept(marker[-1]) is None and grammar.gate is None
     assert next_allowed(grammar) == next_allowed(plain)
     assert grammar.accept(tokenizer.encode("x", add_special_tokens=False)[0])["type"] == "abort"
+
+
+def test_no_token_may_complete_the_marker_and_write_on_past_it(grammars, tokenizer):
+    """What a token wrote after </think> would be the answer's, unchecked by the grammar: once the
+    output ends with "</think", ">" may follow but not ">." (one of SmolLM2's tokens)."""
+    grammar = grammars.for_request(SamplingParams(regex="[0-9]+", grammar_after="</think>"))
+    assert not grammar.masks  # nothing of the marker written yet: no row needed
+    for token in tokenizer.encode("Hmm </think", add_special_tokens=False):
+        assert grammar.accept(token) is None
+    assert grammar.masks
+    texts = {i: tokenizer.decode([i], skip_special_tokens=False) for i in range(tokenizer.vocab_size)}
+    allowed_now = next_allowed(grammar)
+    spilling = {i for i, t in texts.items() if t.startswith(">") and len(t) > 1}
+    assert {i for i, t in texts.items() if t == ">"} <= allowed_now and tokenizer.encode(">.")[0] in spilling
+    assert not allowed_now & spilling and len(allowed_now) == VOCAB - len(spilling)
+
+
+def test_a_first_token_that_does_not_open_the_thinking_is_the_answers(grammars, tokenizer):
+    """A model that writes its own start marker (Qwen 3's <think>, here "Okay", one SmolLM2 token)
+    thinks only if its answer opens with it; else the grammar holds from the first token."""
+    (okay,) = tokenizer.encode("Okay", add_special_tokens=False)
+    sp = SamplingParams(regex="[0-9]+", grammar_after="</think>", thinking_start="Okay")
+    plain = next_allowed(grammars.for_request(SamplingParams(regex="[0-9]+")))
+    first = grammars.for_request(sp)
+    opens = {i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]).lstrip().startswith("Okay")}
+    assert okay in opens and next_allowed(first) == plain | opens
+    four = tokenizer.encode("4", add_special_tokens=False)[0]
+    assert first.accept(four) is None and first.gate is None  # the answer's: under the grammar from here
+    assert tokenizer.encode("x", add_special_tokens=False)[0] not in next_allowed(first)
+    thinks = grammars.for_request(sp)
+    for token in tokenizer.encode("Okay, letters.</think>", add_special_tokens=False):
+        assert thinks.accept(token) is None
+    assert thinks.gate is None and next_allowed(thinks) == plain
 
 
 def test_a_thinking_grammar_request_is_unmasked_until_its_marker(grammars, tokenizer):
     sp = SamplingParams(regex="a+", grammar_after="</think>")
     g = Request("g", prompt(1, 10), sp, tokenizer.eos_token_ids, grammar=grammars.for_request(sp))
-    assert build_vocab_mask([g], [0], [10]) is None  # no grammar holds: the fast path
+    assert build_vocab_mask([g], [0], [10]) is None  # no row needs a mask: the fast path
     for token in tokenizer.encode("</think>", add_special_tokens=False):
         g.grammar.accept(token)
         g.output_ids.append(token)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_start
+from radixcluster.router.api.reasoning import REASONING_FORMATS, grammar_gate
 
 R1, QWEN3 = REASONING_FORMATS["deepseek-r1"], REASONING_FORMATS["qwen3"]
 
@@ -59,14 +59,16 @@ def test_the_thinking_as_written_keeps_its_markers(fmt, text: str, written: str)
 
 
 @pytest.mark.parametrize(
-    "parser, kwargs, start",
+    "parser, kwargs, gate",
     [
-        (None, None, None),  # no reasoning parser: the grammar holds from the first token
-        ("deepseek-r1", {"enable_thinking": False}, "</think>"),  # its template always opens the thinking
-        ("qwen3", None, "</think>"),  # Qwen 3 thinks unless told not to
-        ("qwen3", {"enable_thinking": True}, "</think>"),
-        ("qwen3", {"enable_thinking": False}, None),  # its template writes an empty thinking into the prompt
+        (None, None, (None, None)),  # no reasoning parser: the grammar holds from the first token
+        # DeepSeek-R1's template always opens the thinking
+        ("deepseek-r1", {"enable_thinking": False}, ("</think>", None)),
+        # Qwen 3 thinks unless told not to, and writes <think> itself
+        ("qwen3", None, ("</think>", "<think>")),
+        ("qwen3", {"enable_thinking": True}, ("</think>", "<think>")),
+        ("qwen3", {"enable_thinking": False}, (None, None)),  # its template writes an empty thinking into the prompt
     ],
 )
-def test_a_chats_grammar_starts_after_the_thinking_it_will_write(parser, kwargs, start) -> None:
-    assert grammar_start(parser, kwargs) == start
+def test_a_chats_grammar_waits_for_the_thinking_it_will_write(parser, kwargs, gate) -> None:
+    assert grammar_gate(parser, kwargs) == gate
