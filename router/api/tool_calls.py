@@ -86,14 +86,41 @@ def tool_call_schema(tools: list[ToolIn], choice: ToolChoice | None, parallel: b
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [t.function.name]},
-                "parameters": t.function.parameters or NO_PARAMETERS,
+                # its references ("#/$defs/City", "#") pointed into its own root, now a part of the list's
+                "parameters": relocated(
+                    t.function.parameters or NO_PARAMETERS, f"#/items/anyOf/{i}/properties/parameters"
+                ),
             },
             "required": ["name", "parameters"],
         }
-        for t in tools
+        for i, t in enumerate(tools)
     ]
     listed = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     return listed if parallel else {**listed, "maxItems": 1}
+
+
+# keywords whose values are data, not schemas: a "$ref" there is not a reference
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+
+
+def relocated(schema: dict[str, Any], base: str) -> dict[str, Any]:
+    """A copy of ``schema`` to be placed at the JSON pointer ``base`` of another: each local
+    ``$ref`` ("#", "#/$defs/X") made to point where its target now is. Walked with a stack, as
+    deep as the schema goes."""
+    root: dict[str, Any] = {}
+    stack: list[tuple[Any, Any]] = [(schema, root)]  # (a part of the schema, its copy to fill)
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, value in items:
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                value = base + value[1:]
+            elif isinstance(value, (dict, list)) and key not in _DATA_KEYWORDS:
+                copy: Any = {} if isinstance(value, dict) else [None] * len(value)
+                stack.append((value, copy))
+                value = copy
+            target[key] = value
+    return root
 
 
 def read_tool_calls(text: str, choice: ToolChoice | None) -> list[dict[str, Any]] | None:

@@ -78,6 +78,34 @@ def test_required_generates_a_list_of_calls_of_the_tools(accepts) -> None:
     assert not accepts(single, two)
 
 
+def test_required_keeps_each_tools_references_pointing_into_its_own_parameters(accepts) -> None:
+    """Pydantic writes $defs for an enum or a nested model, and "#" for a model inside itself; in
+    the list of calls each pointer is moved to where the tool's parameters now are."""
+    cities = {
+        "type": "object",
+        "properties": {"cities": {"type": "array", "items": {"$ref": "#/$defs/City"}}},
+        "required": ["cities"],
+        "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}},
+    }
+    tree = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "child": {"anyOf": [{"type": "null"}, {"$ref": "#"}]}},
+        "required": ["name", "child"],
+        "default": {"$ref": "#"},  # data, not a reference: left as written
+    }
+    tools = [
+        {"type": "function", "function": {"name": "visit", "parameters": cities}},
+        {"type": "function", "function": {"name": "grow", "parameters": tree}},
+    ]
+    schema = chat(tools=tools, tool_choice="required").tool_schema()
+    assert json.loads(schema)["items"]["anyOf"][1]["properties"]["parameters"]["default"] == {"$ref": "#"}
+    assert accepts(schema, '[{"name": "visit", "parameters": {"cities": [{"name": "Rome"}]}}]')
+    assert not accepts(schema, '[{"name": "visit", "parameters": {"cities": [{"town": "Rome"}]}}]')
+    assert accepts(schema, '[{"name": "grow", "parameters": {"name": "a", "child": {"name": "b", "child": null}}}]')
+    assert not accepts(schema, '[{"name": "grow", "parameters": {"name": "a", "child": [{"name": "grow"}]}}]')
+    assert cities["properties"]["cities"]["items"] == {"$ref": "#/$defs/City"}  # the tool's own is unchanged
+
+
 def test_auto_needs_a_parser_of_the_models_calls() -> None:
     body = chat()  # "auto": OpenAI's default with tools
     with pytest.raises(ValueError, match="needs the server started with --tool-call-parser"):
