@@ -23,8 +23,10 @@ from radixcluster.router.thinking_gate import MarkerMasks, ThinkingGate, marker_
 
 logger = logging.getLogger(__name__)
 
-# distinct specs kept compiled; the least recently used goes first (clients can send any number)
+# distinct specs kept compiled, and their memory; the least recently used goes first (clients
+# can send any number, and a JSON schema's token masks take ~8 MB at SmolLM2's vocabulary)
 MAX_CACHED_GRAMMARS = 256
+MAX_CACHED_GRAMMAR_BYTES = 512 * 2**20
 GrammarKey = tuple[str, str]  # (kind, spec)
 
 
@@ -77,7 +79,8 @@ class _Job:
 
 class GrammarCache:
     """Compiles grammars for one tokenizer and model vocabulary; each distinct (kind, spec) is
-    compiled once and kept (LRU, ``MAX_CACHED_GRAMMARS`` entries).
+    compiled once and kept (LRU, up to ``MAX_CACHED_GRAMMARS`` entries and ``max_bytes`` of
+    them, the newest kept whatever its size).
 
     ``compile`` compiles on the caller's thread. The router uses ``lookup`` and
     ``compile_in_background`` instead: a spec not cached yet compiles on a daemon thread while the
@@ -85,7 +88,13 @@ class GrammarCache:
     time, and ``collect`` (on the router's thread, like every other method) caches what that
     thread finished."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, json_any_whitespace: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        json_any_whitespace: bool = True,
+        max_bytes: int = MAX_CACHED_GRAMMAR_BYTES,
+    ) -> None:
         self.vocab_size = vocab_size
         # a JSON schema's whitespace: any (SGLang's and vLLM's default, so greedy answers agree
         # with theirs), or compact separators only (--constrained-json-disable-any-whitespace)
@@ -98,6 +107,8 @@ class GrammarCache:
         self._compiler = new_compiler(info)
         self._probe = CompileProbe(info)
         self._compiled: OrderedDict[GrammarKey, xgr.CompiledGrammar] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.cached_bytes = 0
         self._inflight: dict[GrammarKey, Future[xgr.CompiledGrammar]] = {}
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -180,10 +191,15 @@ class GrammarCache:
                 job.future.set_exception(exc)
 
     def _store(self, key: GrammarKey, compiled: xgr.CompiledGrammar) -> None:
+        old = self._compiled.pop(key, None)
+        if old is not None:
+            self.cached_bytes -= old.memory_size_bytes
         self._compiled[key] = compiled
-        self._compiled.move_to_end(key)
-        if len(self._compiled) > MAX_CACHED_GRAMMARS:
-            self._compiled.popitem(last=False)
+        self.cached_bytes += compiled.memory_size_bytes
+        while len(self._compiled) > 1 and (
+            len(self._compiled) > MAX_CACHED_GRAMMARS or self.cached_bytes > self.max_bytes
+        ):
+            self.cached_bytes -= self._compiled.popitem(last=False)[1].memory_size_bytes
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
         return compile_spec(self._compiler, kind, spec, self.json_any_whitespace)

@@ -65,6 +65,23 @@ def test_a_spec_is_compiled_once(grammars):
     assert grammars.compile("ebnf", f"root ::= {json.dumps(spec)}") is not grammars.compile("regex", "n")
 
 
+def test_the_cache_keeps_the_grammars_of_recent_specs_within_its_memory(tokenizer):
+    """A JSON schema's token masks take ~8 MB: a client's distinct schemas drop the least
+    recently used ones past the byte bound (and the newest is kept whatever its size)."""
+    schemas = [json.dumps({"type": "object", "properties": {f"p{i}": {"type": "string"}}}) for i in range(4)]
+    one = GrammarCache(tokenizer, VOCAB).compile("json_schema", schemas[0]).memory_size_bytes
+    assert one > 2**20
+    cache = GrammarCache(tokenizer, VOCAB, max_bytes=int(2.5 * one))
+    compiled = [cache.compile("json_schema", schema) for schema in schemas[:2]]
+    assert cache.lookup(("json_schema", schemas[0])) is compiled[0]  # now the most recently used
+    cache.compile("json_schema", schemas[2])
+    assert cache.lookup(("json_schema", schemas[1])) is None and cache.lookup(("json_schema", schemas[0])) is not None
+    assert cache.cached_bytes <= cache.max_bytes
+    tiny = GrammarCache(tokenizer, VOCAB, max_bytes=1)
+    tiny.compile("json_schema", schemas[3])
+    assert tiny.lookup(("json_schema", schemas[3])) is not None
+
+
 @pytest.mark.parametrize(
     ("kind", "spec", "says"),
     [
