@@ -207,6 +207,15 @@ class RequestOutput:
     error_param: str | None = None  # the field ``error`` blames, by the client's name
 
 
+# the control requests the router answers while a step runs: they read what stands still until the
+# step ends, so /metrics, /cache_info and /health stay live through a long step (a stuck rank's
+# included); the others wait for the step's end
+MID_STEP_KINDS = frozenset({"health", "stats", "cache_info", "server_info"})
+# a step that has run this long without its result makes /health fail (a rank may be stuck;
+# the group is replaced only at --step-timeout)
+STEP_OVERDUE_S = 20.0
+
+
 @message
 @dataclass(slots=True)
 class ControlRequest:

@@ -24,6 +24,8 @@ import zmq
 from radixcluster.log_format import configure_logging
 from radixcluster.model_config import load_model_config
 from radixcluster.protocol import (
+    MID_STEP_KINDS,
+    STEP_OVERDUE_S,
     AbortRequest,
     ControlRequest,
     ControlResponse,
@@ -72,12 +74,6 @@ COMPILING_POLL_MS = 10
 # a request admitted when the group was lost this many times ends with an error instead of being
 # re-queued again: it may be what makes the group fail
 MAX_LOSSES_PER_REQUEST = 2
-# the questions answered while a step runs: they read what stands still until the step ends, so
-# /metrics, /cache_info and /health stay live through a long step (a stuck rank's included)
-MID_STEP_KINDS = frozenset({"health", "stats", "cache_info", "server_info"})
-# a step that has run this long without its result makes /health fail (a rank may be stuck;
-# the group is replaced only at --step-timeout)
-STEP_OVERDUE_S = 20.0
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ import zmq
 import zmq.asyncio
 
 from radixcluster.protocol import (
+    MID_STEP_KINDS,
+    STEP_OVERDUE_S,
     AbortRequest,
     ControlRequest,
     ControlResponse,
@@ -28,6 +30,15 @@ logger = logging.getLogger(__name__)
 # How long a frame may wait for the router to take it before the router counts as unreachable.
 SEND_TIMEOUT_S = 5.0
 CONTROL_TIMEOUT_S = 10.0
+# a control call the router answers only between steps may wait for a long prefill step on a
+# loaded host too: up to the time past which /health calls the step overdue
+STEP_WAIT_TIMEOUT_S = STEP_OVERDUE_S + CONTROL_TIMEOUT_S
+
+
+def control_timeout(kind: str) -> float:
+    """How long a control call of ``kind`` may wait for its answer: those the router answers
+    while a step runs, briefly; the others, past the step in flight."""
+    return CONTROL_TIMEOUT_S if kind in MID_STEP_KINDS else STEP_WAIT_TIMEOUT_S
 
 
 class RouterUnavailable(Exception):
@@ -138,12 +149,15 @@ class RouterClient:
             logger.warning("could not send an abort to the router: %s", fut.exception())
 
     async def control(
-        self, kind: str, args: dict[str, Any] | None = None, timeout: float = CONTROL_TIMEOUT_S
+        self, kind: str, args: dict[str, Any] | None = None, timeout: float | None = None
     ) -> dict[str, Any]:
-        """Ask the router a control question and return its payload.
+        """Ask the router a control question and return its payload (``timeout``: by default
+        ``control_timeout(kind)``).
 
         Raises RouterUnavailable on timeout, RouterError when the router reports an error.
         """
+        if timeout is None:
+            timeout = control_timeout(kind)
         cid = uuid.uuid4().hex
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._controls[cid] = fut

@@ -20,6 +20,7 @@ import zmq
 
 from radixcluster.block_hash import prefix_block_hashes
 from radixcluster.protocol import (
+    STEP_OVERDUE_S,
     AbortRequest,
     ControlRequest,
     ForwardBatch,
@@ -30,7 +31,7 @@ from radixcluster.protocol import (
     StepResult,
     encode,
 )
-from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, STEP_OVERDUE_S, Router, RouterConfig
+from radixcluster.router.router_process import MAX_LOSSES_PER_REQUEST, Router, RouterConfig
 from radixcluster.router.router_sockets import GroupLost, LauncherSpoke, RouterAddresses, RouterSockets
 from radixcluster.router.tree_events import TreeEventLog
 from radixcluster.worker.model_runner import ModelRunner, RunnerConfig

@@ -16,7 +16,15 @@ import zmq
 import zmq.asyncio
 from openai.types.responses import ResponseErrorEvent
 
-from radixcluster.protocol import PROTOCOL_VERSION, GenerateRequest, RequestOutput, SamplingParams, decode, encode
+from radixcluster.protocol import (
+    PROTOCOL_VERSION,
+    STEP_OVERDUE_S,
+    GenerateRequest,
+    RequestOutput,
+    SamplingParams,
+    decode,
+    encode,
+)
 from radixcluster.router.api.chat_answer import ChatAnswerReader
 from radixcluster.router.api.errors import ApiError
 from radixcluster.router.api.generation import Generation, error_frame, run_generation
@@ -24,7 +32,7 @@ from radixcluster.router.api.metrics import ApiMetrics
 from radixcluster.router.api.native_routes import EVERY_EVENT_ENTRIES, _native_chunks
 from radixcluster.router.api.openai_routes import _chat_chunks, _completion_chunks
 from radixcluster.router.api.openai_schemas import ChatCompletionIn, CompletionIn
-from radixcluster.router.api.router_client import RouterClient
+from radixcluster.router.api.router_client import CONTROL_TIMEOUT_S, RouterClient, control_timeout
 from radixcluster.router.api.tool_calls import ChatToolCalls
 
 DELTAS = ["Hel", "lo", ", wor", "ld", "!"]
@@ -210,3 +218,12 @@ def test_an_answer_the_api_cannot_read_fails_its_request_instead_of_leaving_it_w
     error = asyncio.run(run_with_router(tmp_path, body))
     assert error.status == 500 and "could not read the router's answer" in str(error)
     assert "from_a_newer_router" in str(error)
+
+
+def test_a_control_call_answered_after_the_step_may_wait_past_a_long_step() -> None:
+    """flush_cache, tokenize and the cache calls wait for the step in flight, which a long prefill
+    on a loaded host can stretch past the mid-step questions' 10 s: they wait until /health would
+    call the step overdue, rather than calling a busy router unavailable."""
+    assert control_timeout("health") == control_timeout("stats") == CONTROL_TIMEOUT_S
+    for kind in ("flush_cache", "tokenize", "cache_pin"):
+        assert control_timeout(kind) == STEP_OVERDUE_S + CONTROL_TIMEOUT_S
