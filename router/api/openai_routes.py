@@ -175,19 +175,17 @@ def _requests(
     """``n`` requests per input, input-major, with distinct ids; ``prompt_logprobs``: the
     prompts' tokens scored too. A chat's grammar holds after its thinking, if it thinks."""
     sampling = body.protocol_sampling()
-    gates = [
-        grammar_gate(reasoning_parser, i.get("chat_template_kwargs")) if "messages" in i else (None, None)
-        for i in inputs
-    ]
+    per_input = []
+    for i in inputs:
+        after, start = (
+            grammar_gate(reasoning_parser, i.get("chat_template_kwargs")) if "messages" in i else (None, None)
+        )
+        per_input.append(replace(sampling, grammar_after=after, thinking_start=start))
     rids = derive_rids(body.rid, len(inputs) * body.n)
     return [
         GenerateRequest(
             rid=rid,
-            sampling=replace(
-                nth_sample(sampling, k % body.n),
-                grammar_after=gates[k // body.n][0],
-                thinking_start=gates[k // body.n][1],
-            ),
+            sampling=nth_sample(per_input[k // body.n], k % body.n),
             stream=body.stream,
             return_logprob=return_logprob,
             return_text_in_logprobs=return_logprob,
