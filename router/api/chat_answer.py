@@ -26,9 +26,14 @@ class ChatAnswerReader:
         """A finished choice's message fields."""
         thought, answer = self.reasoning.split(text) if self.reasoning is not None else (None, text)
         content, calls = self.tools.answer(answer)
-        message: dict[str, Any] = {"content": content}
-        if thought is not None:
-            message["reasoning_content"] = thought or None
+        # the thinking under both its names, null when there is none: SGLang's reasoning_content
+        # and vLLM's newer reasoning; clients read them off every message (the OpenAI SDK raises
+        # on an absent extra field)
+        message: dict[str, Any] = {
+            "content": content,
+            "reasoning_content": thought or None,
+            "reasoning": thought or None,
+        }
         if calls is not None:
             message["tool_calls"] = calls
         return message
@@ -45,8 +50,10 @@ class ChatAnswerReader:
         return thought, answer[: self.tools.releasable(answer)]
 
     def finish_reason(self, message: dict[str, Any], ended: dict[str, Any]) -> dict[str, Any]:
-        """Tool calls end a choice with "tool_calls", but a named function's with "stop", as
-        OpenAI answers them."""
+        """Tool calls end a choice with "tool_calls" (and no ``matched_stop``, as SGLang's), but
+        a named function's with "stop", as OpenAI answers them."""
         if "tool_calls" in message and self.tools.choice in ("required", "auto"):
-            return {**ended, "finish_reason": "tool_calls"}
+            return {**ended, "finish_reason": "tool_calls"} | (
+                {"matched_stop": None} if "matched_stop" in ended else {}
+            )
         return ended

@@ -269,6 +269,10 @@ async def _chat_chunks(
         opening: bool = False,
     ) -> dict[str, Any]:
         gen = latest[index]
+        # every delta names reasoning_content, null when it holds none, as SGLang's do; thinking
+        # goes under vLLM's newer name, reasoning, too
+        thought = delta.get("reasoning_content")
+        delta = {**delta, "reasoning_content": thought} | ({"reasoning": thought} if thought else {})
         choice = {"index": index, "delta": delta, "logprobs": logprobs, **reason}
         prompt = {}
         if ids.on:  # a chat's prompt ids go beside the choices, as vLLM's

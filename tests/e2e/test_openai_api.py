@@ -129,6 +129,9 @@ def test_chat_streaming_matches_the_whole_answer(client, model):
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == whole.choices[0].message.content
+    # SGLang's docs read reasoning_content off every delta and message: null without a parser
+    assert all(c.choices[0].delta.reasoning_content is None for c in chunks if c.choices)
+    assert whole.choices[0].message.reasoning_content is None
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [whole.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens

@@ -345,12 +345,13 @@ def assert_reads_thinking_and_calls_in_qwens_format(handle) -> None:
     assert call["function"] == {"name": "get_time", "arguments": '{"zone": "UTC"}'}
     with post(handle, "/v1/chat/completions", {**body, "stream": True}, stream=True) as resp:
         deltas = [e["choices"][0] for e in sse_events(resp)[:-1]]
-    for field in ("content", "reasoning_content"):
+    assert message["reasoning"] == message["reasoning_content"]  # vLLM's newer name
+    for field in ("content", "reasoning_content", "reasoning"):
         assert "".join(d["delta"].get(field) or "" for d in deltas) == message[field]
     (streamed,) = [c for d in deltas for c in d["delta"].get("tool_calls") or []]
     assert streamed["function"] == call["function"] and deltas[-1]["finish_reason"] == "tool_calls"
     whole = post(handle, "/v1/chat/completions", {**body, "separate_reasoning": False}).json()["choices"][0]
-    assert whole["message"]["content"].startswith("<think>") and "reasoning_content" not in whole["message"]
+    assert whole["message"]["content"].startswith("<think>") and whole["message"]["reasoning_content"] is None
     # the Responses API: a reasoning item, the message, a function_call item, streamed or not
     asked = {
         "input": "Time?",

@@ -16,11 +16,17 @@ TEXT = '<think>\nThe user wants the time.\n</think>\n\nLet me look.<tool_call>{"
 def test_thinking_answer_and_calls_each_find_their_field() -> None:
     message = QWEN.message(TEXT)
     assert message["reasoning_content"] == "\nThe user wants the time.\n" and message["content"] == "Let me look."
+    assert message["reasoning"] == message["reasoning_content"]
     assert [c["function"] for c in message["tool_calls"]] == [{"name": "get_time", "arguments": "{}"}]
     assert QWEN.finish_reason(message, {"finish_reason": "stop"}) == {"finish_reason": "tool_calls"}
+    # the stop token that ended the text is not what ended the choice
+    ended = QWEN.finish_reason(message, {"finish_reason": "stop", "matched_stop": 2})
+    assert ended == {"finish_reason": "tool_calls", "matched_stop": None}
     plain = ChatAnswerReader(ChatToolCalls(None)).message(TEXT)
-    assert plain == {"content": TEXT}  # without parsers the text is all answer
-    assert QWEN.message("It is noon.") == {"content": "It is noon.", "reasoning_content": None}
+    # without parsers the text is all answer; the thinking's fields are still there, as SGLang's
+    # (reasoning_content) and vLLM's (reasoning) messages have them
+    assert plain == {"content": TEXT, "reasoning_content": None, "reasoning": None}
+    assert QWEN.message("It is noon.") == {"content": "It is noon.", "reasoning_content": None, "reasoning": None}
 
 
 @pytest.mark.parametrize("stream_reasoning", [True, False])
