@@ -56,18 +56,21 @@ def _compile(template: str) -> jinja2.Template:
 
 
 def read_chat_template(value: str | None) -> str | None:
-    """The template ``--chat-template`` names: a Jinja file's text, or ``value`` itself when it
-    is a template (vLLM takes both); None without the flag. ValueError saying why when it is
-    neither, or does not compile."""
+    """The template ``--chat-template`` names: a Jinja file's text, the ``chat_template`` of a
+    Hugging Face ``chat_template.json``, or ``value`` itself when it is a template (vLLM takes
+    both); None without the flag. ValueError saying why when it is none of them, or does not
+    compile."""
     if value is None:
         return None
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            template = path.read_text(encoding="utf-8")
+            template = _template_in(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--chat-template {value}: cannot read it: {exc}") from exc
-    elif "{{" in value or "{%" in value:
+        except ValueError as exc:
+            raise ValueError(f"--chat-template {value}: {exc}") from None
+    elif _is_jinja(value):
         template = value
     else:
         raise ValueError(
@@ -79,6 +82,31 @@ def read_chat_template(value: str | None) -> str | None:
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ValueError(f"--chat-template {value:.80}: line {exc.lineno}: {exc.message}") from exc
     return template
+
+
+def _is_jinja(text: str) -> bool:
+    return "{{" in text or "{%" in text
+
+
+def _template_in(text: str) -> str:
+    """The Jinja template a file holds: its text, or a JSON object's ``chat_template`` (Hugging
+    Face's ``chat_template.json``). A file with no Jinja in it would render every chat as that
+    same text, so it is refused, SGLang's JSON conversation templates by name."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        if isinstance(data.get("chat_template"), str):
+            text = data["chat_template"]
+        elif "sep_style" in data:
+            raise ValueError(
+                "SGLang's JSON conversation templates (sep_style) are not supported; "
+                "give a Jinja chat template (a .jinja file, or the template itself)"
+            )
+    if not _is_jinja(text):
+        raise ValueError("it holds no Jinja ({{ }} or {% %}): every chat would be rendered as this same text")
+    return text
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:

@@ -259,6 +259,34 @@ def test_a_chat_template_that_cannot_be_read_says_why(value: str, says: str) -> 
         read_chat_template(value)
 
 
+def test_a_template_file_is_jinja_or_hugging_faces_chat_template_json(tmp_path: Path) -> None:
+    hf_json = tmp_path / "chat_template.json"
+    hf_json.write_text(json.dumps({"chat_template": PLAIN_TEMPLATE}))
+    assert read_chat_template(str(hf_json)) == PLAIN_TEMPLATE
+    # SGLang's docs' custom template: a JSON conversation template, not Jinja; it was taken as a
+    # template without placeholders, and every chat became the file's own text
+    sglang_json = tmp_path / "my_model_template.json"
+    sglang_json.write_text(
+        json.dumps(
+            {
+                "name": "my_model",
+                "system": "<|im_start|>system",
+                "user": "<|im_start|>user",
+                "assistant": "<|im_start|>assistant",
+                "sep_style": "CHATML",
+                "sep": "<|im_end|>",
+                "stop_str": ["<|im_end|>", "<|im_start|>"],
+            }
+        )
+    )
+    with pytest.raises(ValueError, match=r"my_model_template.json: SGLang's JSON conversation templates"):
+        read_chat_template(str(sglang_json))
+    constant = tmp_path / "constant.txt"
+    constant.write_text("You are a helpful assistant.")
+    with pytest.raises(ValueError, match="holds no Jinja"):
+        read_chat_template(str(constant))
+
+
 def test_missing_tokenizer_raises_model_path_error(tmp_path: Path) -> None:
     with pytest.raises(ModelPathError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
