@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from radixcluster.protocol import PromptPin, SamplingParams
 from radixcluster.router.api.cache_control_field import CacheControlIn
@@ -23,6 +23,7 @@ from radixcluster.router.api.openai_schemas import (
     OneAnswerRequest,
     ReasoningEffort,
     ResponseFormat,
+    readable_text_parts,
     template_kwargs,
 )
 from radixcluster.router.api.tool_calls import MAX_TOOLS, ToolIn, ToolName
@@ -34,6 +35,7 @@ UNSUPPORTED_MESSAGES = {
     "mcp_servers": "MCP servers are called by Anthropic's servers: give their tools as tools",
 }
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCKS = "content blocks"  # Anthropic's name for a message's parts
 # a tool whose input_schema is left out takes no input
 NO_INPUT: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -74,10 +76,7 @@ class ToolResultBlock(BaseModel):
     is_error: bool = False
     cache_control: CacheControlIn | None = None
 
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_only(cls, content: Any, info: ValidationInfo) -> Any:
-        return _known_blocks(fits_context(content, info), ("text",))
+    _text_only = readable_text_parts(("text",), BLOCKS)
 
     def as_dict(self) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": self.tool_use_id, "content": joined(self.content)}
@@ -109,18 +108,6 @@ Block = Annotated[
 ]
 
 
-def _known_blocks(blocks: Any, known: tuple[str, ...] = BLOCK_TYPES) -> Any:
-    """Refuse a block this server cannot read by name (images, documents, server tools' results)."""
-    for block in blocks if isinstance(blocks, list) else []:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if isinstance(kind, str) and kind not in known:
-            raise ValueError(
-                f"content blocks of type {kind!r} are not supported: the served model reads text; "
-                f"blocks of type {', '.join(known)} are"
-            )
-    return blocks
-
-
 def last_marker(items: Iterable[Any]) -> CacheControlIn | None:
     """The ``cache_control`` of the last of ``items`` (blocks, tools) that has one."""
     marked = [item.cache_control for item in items if item.cache_control is not None]
@@ -149,10 +136,7 @@ class MessageIn(BaseModel):
     role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
-    @field_validator("content", mode="before")
-    @classmethod
-    def _readable(cls, content: Any, info: ValidationInfo) -> Any:
-        return _known_blocks(fits_context(content, info))
+    _readable = readable_text_parts(BLOCK_TYPES, BLOCKS)
 
     @model_validator(mode="after")
     def _blocks_of_role(self) -> MessageIn:

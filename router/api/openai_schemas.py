@@ -379,6 +379,28 @@ class CompletionIn(OpenAIRequest):
         return self.echo and self.logprobs is not None
 
 
+def readable_parts(parts: Any, known: tuple[str, ...], noun: str = "content parts") -> Any:
+    """Refuse by name a part of a message this server cannot read (images, audio, video, files):
+    the served models read text."""
+    for part in parts if isinstance(parts, list) else []:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind not in known:
+            raise ValueError(
+                f"{noun} of type {kind!r} are not supported: the served model reads text; "
+                f"{noun.split()[-1]} of type {', '.join(known)} are"
+            )
+    return parts
+
+
+def readable_text_parts(known: tuple[str, ...], noun: str = "content parts") -> Any:
+    """A ``content`` validator: the parts fit the context and each is of a ``known`` type."""
+
+    def check(cls: type, content: Any, info: ValidationInfo) -> Any:
+        return readable_parts(fits_context(content, info), known, noun)
+
+    return field_validator("content", mode="before")(check)
+
+
 class ContentPart(BaseModel):
     """A text part of a message (the served models read text only)."""
 
@@ -403,7 +425,8 @@ class ChatMessageIn(BaseModel):
     # show it (Qwen 3's, after the last user message)
     reasoning_content: str | None = Field(None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
-    _parts_fit = field_validator("content", "tool_calls", mode="before")(fits_context)
+    _parts_fit = field_validator("tool_calls", mode="before")(fits_context)
+    _parts_readable = readable_text_parts(("text",))
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessageIn:

@@ -5,7 +5,7 @@ carries its whole conversation."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
@@ -17,6 +17,7 @@ from radixcluster.router.api.openai_schemas import (
     OneAnswerRequest,
     ReasoningEffort,
     ResponseFormat,
+    readable_text_parts,
     template_kwargs,
 )
 from radixcluster.router.api.tool_calls import ToolName, template_tool_calls
@@ -44,8 +45,12 @@ IncludeOption = Literal[
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
+TextPartType = Literal["input_text", "output_text", "text"]
+TEXT_PARTS = get_args(TextPartType)
+
+
 class InputText(BaseModel):
-    type: Literal["input_text", "output_text", "text"]
+    type: TextPartType
     text: str
 
 
@@ -63,7 +68,7 @@ class InputMessage(BaseModel):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[InputText]
 
-    _parts_fit = field_validator("content", mode="before")(fits_context)
+    _parts_readable = readable_text_parts(TEXT_PARTS)
 
     def as_dict(self) -> dict[str, Any]:
         return {"role": self.role, "content": _joined(self.content)}

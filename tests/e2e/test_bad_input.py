@@ -86,14 +86,20 @@ OPENAI_CASES = {
         {"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}] * MANY}]},
         "input.0.message.content: 8193 items",
     ),
+    # SGLang's and vLLM's vision examples, sent to a model that reads text
+    "chat with an image part": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+        "messages.0.content: content parts of type 'image_url' are not supported: the served model reads text",
+    ),
+    "response with an image part": (
+        "/v1/responses",
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+        "input.0.message.content: content parts of type 'input_image' are not supported",
+    ),
     "completion of more token ids than the context": ("/v1/completions", {"prompt": [504] * MANY}, "8193 token ids"),
     "chat with an unknown role": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     "chat without messages": ("/v1/chat/completions", {"messages": []}, "messages"),
-    "chat with an image part": (
-        "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-        "content",
-    ),
     "chat with a bad response_format": (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}},
