@@ -15,14 +15,22 @@ from radixcluster.replica_actor import ReplicaStartError
 from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
 
 
-def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
-    """The bench client is imported only for `radixcluster bench`: `up` never pays for it."""
+def _short_usage(command: str) -> str:
+    # argparse's own usage lists every flag: ~60 lines above a bad value's one-line error
+    return f"radixcluster {command} [flags] (radixcluster {command} --help lists them)"
+
+
+def _parser(with_bench_args: bool) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser and its subcommands' by name. The bench client is imported only for
+    `radixcluster bench`: `up` never pays for it."""
     parser = argparse.ArgumentParser(prog="radixcluster", description=__doc__)
     parser.add_argument("--version", action="version", version=f"radixcluster {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
+    up = sub.add_parser("up", usage=_short_usage("up"), help="serve a model over HTTP (SGLang- and OpenAI-compatible)")
     add_cli_args(up)
-    gateway = sub.add_parser("gateway", help="route requests over replicas by what their radix caches hold")
+    gateway = sub.add_parser(
+        "gateway", usage=_short_usage("gateway"), help="route requests over replicas by what their radix caches hold"
+    )
     add_gateway_args(gateway)
     gen = sub.add_parser("generate", help="generate from one prompt, offline, on this machine")
     gen.add_argument("prompt")
@@ -35,12 +43,15 @@ def _parser(with_bench_args: bool) -> argparse.ArgumentParser:
         from radixcluster.bench.cli import add_bench_args
 
         add_bench_args(bench)
-    return parser
+    return parser, sub.choices
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ns = _parser(with_bench_args=argv[:1] == ["bench"]).parse_args(argv)
+    parser, commands = _parser(with_bench_args=argv[:1] == ["bench"])
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand, whose flags they were meant for (exit 2)
+        commands[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if ns.command == "up":
             from radixcluster.launcher import launch

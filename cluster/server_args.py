@@ -44,6 +44,7 @@ DEFAULT_NAMING_FLAGS = {
     "--enable-auto-tool-choice": 'tool_choice "auto" reads calls whenever --tool-call-parser names a format',
     "--disable-log-requests": "requests are logged only with --log-requests",
     "--disable-fastapi-docs": "no /docs or /redoc page is served",
+    "--enable-reasoning": "thinking is read whenever --reasoning-parser names a format",  # vLLM before 0.10
 }
 # Flags users bring from SGLang that mean nothing here: accepted with a one-line notice.
 MEANINGLESS_FLAGS = {
@@ -84,7 +85,13 @@ MEANINGLESS_VALUE_FLAGS = {
     "--load-balance-method": "with --dp-size the gateway routes each request by its cached prefix and the replicas' load",
 }
 # The only value this server runs of a backend flag users bring from SGLang or vLLM
-SOLE_BACKENDS = {"--grammar-backend": "xgrammar", "--tokenizer-mode": "auto"}
+SOLE_BACKENDS = {
+    "--grammar-backend": "xgrammar",
+    "--guided-decoding-backend": "xgrammar",  # vLLM's older name
+    "--structured-outputs-config.backend": "xgrammar",  # vLLM's newer name
+    "--tokenizer-mode": "auto",
+    "--runner": "generate",  # vLLM's: a generative model's runner
+}
 # SGLang's names for attention backends: what runs for each here
 SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "flashinfer": "auto", "fa3": "auto"}
 

@@ -141,7 +141,12 @@ def test_sglangs_schedule_conservativeness_and_decode_log_interval():
 
 def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(caplog):
     defaults = "--enable-cache-report --disable-overlap-schedule --enable-chunked-prefill --enable-auto-tool-choice"
-    quiet = "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar --tokenizer-mode auto"
+    quiet = (
+        "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar --tokenizer-mode auto"
+        # vLLM's names, from its examples' launch lines
+        " --guided-decoding-backend xgrammar --structured-outputs-config.backend xgrammar --runner generate"
+        " --enable-reasoning"
+    )
     meaningless = (
         "--skip-server-warmup --enforce-eager --swap-space 4 --sampling-backend pytorch --disable-log-stats"
         " --enable-p2p-check --uvicorn-log-level info --revision main --download-dir /models"
@@ -154,7 +159,12 @@ def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(cap
     assert len(notices) == len(flags) == 10
     for flag in flags:
         assert any(f"{flag} is accepted but has no effect" in notice for notice in notices)
-    for flag, value in (("--grammar-backend", "outlines"), ("--tokenizer-mode", "slow")):
+    for flag, value in (
+        ("--grammar-backend", "outlines"),
+        ("--tokenizer-mode", "slow"),
+        ("--structured-outputs-config.backend", "outlines"),
+        ("--runner", "pooling"),
+    ):
         with pytest.raises(SystemExit):
             parse(flag, value)  # argparse names the one that runs
 
@@ -367,6 +377,25 @@ def test_the_command_says_its_version(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"radixcluster {__version__}"
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["up", "--port", "30000", "--is-embedding"], "radixcluster up: error: unrecognized arguments: --is-embedding"),
+        (["up", "--grammar-backend", "outlines"], "radixcluster up: error: argument --grammar-backend: invalid choice"),
+        (["gateway", "--replica", "http://h:1", "--bogus"], "radixcluster gateway: error: unrecognized arguments"),
+    ],
+)
+def test_a_bad_flag_is_named_under_a_short_usage(capsys, argv: list[str], error: str) -> None:
+    """The subcommand names the flag it did not take, under one usage line rather than argparse's
+    listing of every flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    command = argv[0]
+    usage = f"usage: radixcluster {command} [flags] (radixcluster {command} --help lists them)"
+    lines = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 2 and lines[0] == usage and lines[1].startswith(error)
 
 
 def test_a_free_port_is_one_the_os_hands_nobody_meanwhile():
