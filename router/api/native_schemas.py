@@ -153,10 +153,11 @@ def prompts_fit_context(prompts: Any, info: ValidationInfo) -> Any:
 
 
 def _is_default(value: Any) -> bool:
-    """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists)."""
+    """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists). A float is
+    data (an embedding's zeros), never a default."""
     if isinstance(value, list):
         return all(_is_default(v) for v in value)
-    return value is None or value is False or value == 0 or value == {} or value == ""
+    return value is None or value is False or (value == 0 and not isinstance(value, float)) or value in ({}, "")
 
 
 def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:
