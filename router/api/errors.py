@@ -340,10 +340,35 @@ def failure_response(exc: Exception, method: str, path: str) -> JsonResponse:
     return error_response(status, message, param, path)
 
 
+_NOT_GENERATION = (
+    "the served model generates text; embedding, scoring, reranking and classification models are not served"
+)
+# SGLang's and vLLM's endpoints that this server does not serve, and why (their 404 says it)
+NOT_SERVED = {
+    **dict.fromkeys(
+        ("/v1/embeddings", "/encode", "/classify", "/v1/classify", "/pooling", "/score", "/v1/score", "/rerank")
+        + ("/v1/rerank", "/v2/rerank"),
+        _NOT_GENERATION,
+    ),
+    **dict.fromkeys(("/v1/audio/transcriptions", "/v1/audio/translations"), "the served model reads text, not audio"),
+    **dict.fromkeys(
+        ("/open_session", "/close_session"), "sessions are not supported (the radix cache shares prefixes without them)"
+    ),
+    **dict.fromkeys(
+        ("/api/chat", "/api/generate", "/api/tags", "/api/show"),
+        "Ollama's API is not served: use /v1/chat/completions or /v1/completions",
+    ),
+    **dict.fromkeys(("/v1/batches", "/v1/files"), "the OpenAI Batch API is not served: send the requests themselves"),
+}
+
+
 def _routing_message(exc: StarletteHTTPException, method: str, path: str) -> str:
     """Starlette's routing refusals ("Not Found", "Method Not Allowed") said with the call."""
     if exc.status_code == 404 and exc.detail == "Not Found":
-        return f"{method} {path}: no such endpoint on this server"
+        why = NOT_SERVED.get(path.rstrip("/"))
+        return (
+            f"{method} {path}: not served here: {why}" if why else f"{method} {path}: no such endpoint on this server"
+        )
     allowed = (exc.headers or {}).get("Allow")
     if exc.status_code == 405 and allowed:
         # Starlette lists a route's methods in a set's order, which changes from run to run

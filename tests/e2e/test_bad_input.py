@@ -263,8 +263,11 @@ def test_stop_token_ids_outside_the_vocabulary_stop_nothing(server, still_serves
 
 
 def test_unknown_path_and_wrong_method(server):
-    missing = requests.post(server.url + "/v1/embeddings", json={}, headers=server.headers(), timeout=TIMEOUT_S)
-    assert_error(missing, 404, "POST /v1/embeddings: no such endpoint on this server")
+    missing = requests.post(server.url + "/v1/nothing", json={}, headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(missing, 404, "POST /v1/nothing: no such endpoint on this server")
+    # SGLang's and vLLM's endpoints of other kinds of models say why they are not here
+    embeddings = requests.post(server.url + "/v1/embeddings", json={}, headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(embeddings, 404, "POST /v1/embeddings: not served here: the served model generates text;")
     wrong = requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S)
     assert_error(wrong, 405, "GET /generate: not allowed; this endpoint takes POST, PUT")
 
