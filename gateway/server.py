@@ -31,6 +31,7 @@ from radixcluster.router.api.draining import FAIL_FLUSH_S, DrainingServer, Reque
 from radixcluster.router.api.errors import install_error_handlers
 from radixcluster.router.api.http_protocol import GuardedHttpProtocol
 from radixcluster.router.api.invocations import Invocations
+from radixcluster.router.api.openapi import distinct_operation_ids
 from radixcluster.router.api.vertex import VertexPredict, predict_route
 from radixcluster.router.text.tokenizer import load_tokenizer
 
@@ -64,6 +65,7 @@ def create_app(config: GatewayConfig, drain: RequestDrain | None = None) -> ASGI
 
     app = FastAPI(title="radixcluster gateway", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    distinct_operation_ids(app)
     app.include_router(gateway_routes(ctx))
     app.include_router(gateway_cache_routes(ctx))
     app.include_router(gateway_profile_routes(ctx))

@@ -28,6 +28,7 @@ from radixcluster.router.api.invocations import Invocations
 from radixcluster.router.api.messages_routes import messages_routes
 from radixcluster.router.api.native_routes import native_routes
 from radixcluster.router.api.openai_routes import openai_routes
+from radixcluster.router.api.openapi import distinct_operation_ids
 from radixcluster.router.api.parser_routes import parser_routes
 from radixcluster.router.api.responses_routes import responses_routes
 from radixcluster.router.api.router_client import RouterClient
@@ -69,6 +70,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app = FastAPI(title="radixcluster", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
     install_error_handlers(app, ctx.metrics.count_rejection)
+    distinct_operation_ids(app)
     app.include_router(native_routes(ctx))
     app.include_router(control_routes(ctx))
     app.include_router(parser_routes(ctx))

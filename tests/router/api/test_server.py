@@ -239,3 +239,17 @@ def test_a_predict_route_that_is_one_of_ours_leaves_it_ours(tmp_path: Path, monk
         error = client.post("/generate", json=wrong).json()["error"]
         assert error["param"] == "sampling_params.temperature"
     assert "$AIP_PREDICT_ROUTE is /generate, a route of this server's own" in caplog.text
+
+
+def test_each_operation_of_the_openapi_document_has_an_id_of_its_own(app):
+    """FastAPI names every method of a route after its first (/generate's POST and PUT were both
+    generate_generate_post), which code generators refuse."""
+    with TestClient(app) as client:
+        document = client.get("/openapi.json", headers={"Authorization": "Bearer k"}).json()
+    ids = [op["operationId"] for ops in document["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)) and len(ids) > 50
+    generate = document["paths"]["/generate"]
+    assert (generate["post"]["operationId"], generate["put"]["operationId"]) == (
+        "generate_generate_post",
+        "generate_generate_put",
+    )
