@@ -14,6 +14,8 @@ from radixcluster.protocol import RequestOutput
 from radixcluster.router.request import Request
 
 logger = logging.getLogger("radixcluster.requests")
+# a client's request id, or its field names in an error, with a newline in it forged log lines
+_ESCAPED = {c: f"\\x{c:02x}" for c in range(32)} | {127: "\\x7f"}
 
 T = TypeVar("T")
 
@@ -35,7 +37,7 @@ class RequestLog:
         s = request.sampling
         logger.info(
             "request %s queued: %d prompt tokens, max_new_tokens %d, temperature %g, tenant %s",
-            request.rid,
+            _shown(request.rid),
             request.prompt_len,
             s.max_new_tokens,
             s.temperature,
@@ -58,15 +60,20 @@ class RequestLog:
         start = self._queued_at.pop(out.rid, None)
         took = f", {time.monotonic() - start:.3f} s" if start is not None else ""
         if out.error is not None:
-            logger.info("request %s failed (%d): %s%s", out.rid, out.status, out.error, took)
+            logger.info("request %s failed (%d): %s%s", _shown(out.rid), out.status, _shown(out.error), took)
             return
         reason = (out.finish_reason or {}).get("type", "-")
         logger.info(
             "request %s ended (%s): %d prompt tokens, %d cached, %d generated%s",
-            out.rid,
+            _shown(out.rid),
             reason,
             out.prompt_tokens,
             out.cached_tokens,
             out.completion_tokens,
             took,
         )
+
+
+def _shown(text: str) -> str:
+    """``text`` with its control characters escaped: a log line stays one line."""
+    return text.translate(_ESCAPED)
