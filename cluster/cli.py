@@ -5,14 +5,31 @@ measures a live server."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from radixcluster import __version__
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
+from radixcluster.process_tree import open_standard_streams, raise_open_file_limit
 from radixcluster.ray_cluster import RankStartError, RayPlacementError
 from radixcluster.replica_actor import ReplicaStartError
 from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
+
+logger = logging.getLogger("radixcluster")
+# below this many open files a server says so at start
+FEW_OPEN_FILES = 4096
+
+
+def warn_of_few_open_files() -> None:
+    """A server's open-file limit raised to its hard limit, and a low one said in one line."""
+    limit = raise_open_file_limit()
+    if limit < FEW_OPEN_FILES:
+        logger.warning(
+            "open files are limited to %d (ulimit -n): a few hundred clients at once will be refused; "
+            "raise the hard limit for more",
+            limit,
+        )
 
 
 def _short_usage(command: str) -> str:
@@ -48,6 +65,7 @@ def _parser(with_bench_args: bool) -> tuple[argparse.ArgumentParser, dict[str, a
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    open_standard_streams()
     parser, commands = _parser(with_bench_args=argv[:1] == ["bench"])
     ns, unknown = parser.parse_known_args(argv)
     if unknown:  # said by the subcommand, whose flags they were meant for (exit 2)
@@ -58,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             from radixcluster.log_format import configure_logging
 
             configure_logging(ns.log_level)
+            warn_of_few_open_files()
             args = server_args_from_namespace(ns)
             check_port_free(args.host, args.port)
             if args.kv_events_address is not None:
@@ -66,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "gateway":
             from radixcluster.gateway.server import run_gateway
 
+            warn_of_few_open_files()
             config = gateway_config_from_namespace(ns)
             check_port_free(config.host, config.port)
             run_gateway(config)

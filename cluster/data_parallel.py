@@ -10,7 +10,6 @@ import logging
 import secrets
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -24,7 +23,15 @@ from radixcluster.process_tree import kill_survivors, runtime_dir, started_proce
 from radixcluster.ray_cluster import RayPlacementError, StopRequested
 from radixcluster.replica_plan import machine_cpus
 from radixcluster.router.text.chat_template import read_chat_template
-from radixcluster.server_args import ServerArgs, announce_ready, load_tenant_keys, local_url, replica_argv
+from radixcluster.server_args import (
+    ServerArgs,
+    announce_ready,
+    load_tenant_keys,
+    local_get,
+    local_url,
+    replica_argv,
+    say,
+)
 from radixcluster.stop_flag import StopFlag
 
 logger = logging.getLogger("radixcluster")
@@ -113,11 +120,7 @@ class DataParallelLauncher:
             urls = self._start()
             if not self.stopping.is_set():  # else a signal came as the gateway came up: on to the stop
                 announce_ready(self.args.host, self.args.port)
-                print(
-                    f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                say(f"radixcluster: {len(urls)} replicas behind the gateway: {' '.join(urls)}")
             return self._supervise()
         except StopRequested:
             return 0
@@ -199,7 +202,7 @@ class DataParallelLauncher:
             if self.gateway is None or not self.gateway.is_alive():
                 raise RuntimeError(f"the gateway process exited (is port {self.args.port} free?)")
             try:
-                listed = httpx.get(url, headers=headers, timeout=2).json()["replicas"]
+                listed = local_get(url, headers).json()["replicas"]
                 if sum(r["available"] for r in listed) == replicas:
                     return
             except (httpx.HTTPError, ValueError, KeyError):

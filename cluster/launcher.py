@@ -34,7 +34,9 @@ from radixcluster.server_args import (
     announce_ready,
     load_tenant_keys,
     load_tenant_quotas,
+    local_get,
     local_url,
+    say,
 )
 from radixcluster.stop_flag import StopFlag
 
@@ -146,12 +148,10 @@ class Launcher:
             else "enabled (RadixAttention enabled, cache sharing active: prefixes shared across requests; "
             "Using RadixAttention backend; Enable radix cache for prefix sharing)"
         )
-        print(
+        say(
             f"radixcluster: serving {plan.served_model_name} on {plan.device} ({plan.dtype}{_dtype_note(plan)}), "
             f"tp {args.tp_size}, KV pool {plan.num_pages * args.page_size} tokens{_kv_note(plan)}, {attention}; "
-            f"radix cache {cache}",
-            file=sys.stderr,
-            flush=True,
+            f"radix cache {cache}"
         )
         ray_cluster.check_stop(self.stopping)
         ray_cluster.start_ray(args.ray_address, plan.runtime_dir, plan.cpus.usable, args.node_ip_address)
@@ -290,7 +290,7 @@ class Launcher:
             # any answer will do: a group lost already (a first request can fail a rank before
             # this poll) makes it 503, and only the supervision that follows replaces the group
             try:
-                httpx.get(url, timeout=2)
+                local_get(url)
                 return
             except httpx.HTTPError:
                 pass
@@ -453,6 +453,7 @@ def launch(args: ServerArgs) -> NoReturn:
     # collection over the heap that Ray and torch filled, ~2 s in each of the two processes)
     # would only delay the exit code a supervisor waits for.
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader that went away
+            stream.flush()
     os._exit(code)

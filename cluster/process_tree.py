@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -25,6 +26,14 @@ _PR_SET_PDEATHSIG = 1
 _COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
 # the runtime dirs' kinds (a replica's, a --dp-size command's), which name them and find them again
 RUNTIME_KINDS = ("", "dp-")
+# a Unix socket's path holds at most 107 bytes; Ray's longest under a runtime dir (its session,
+# session_<date>_<time>_<usec>_<pid>, then sockets/plasma_store) takes up to 64 of them, and the
+# runtime dir's own name (radixcluster-dp-<pid>-<8 letters>) up to 33 with the slash
+MAX_SOCKET_PATH = 107
+# open files a server asks for (each client connection holds one)
+OPEN_FILES = 65536
+RAY_SOCKET_TAIL = 64
+RUNTIME_NAME_LEN = 33
 
 
 def descendants(pid: int) -> set[int]:
@@ -85,14 +94,58 @@ def runtime_dir(kind: str = "") -> str:
     fork_into_own_group)."""
     assert kind in RUNTIME_KINDS, f"{kind!r} is no runtime dir kind: remove_runtime_dirs would miss it"
     command = os.environ.get(_COMMAND_PID, str(os.getpid()))
-    return tempfile.mkdtemp(prefix=f"radixcluster-{kind}{command}-")
+    return tempfile.mkdtemp(prefix=f"radixcluster-{kind}{command}-", dir=runtime_root())
+
+
+def runtime_root() -> str:
+    """Where the runtime dirs go: the temporary directory (TMPDIR), or /tmp where that is too long
+    a path for the sockets under it (HPC schedulers set long ones; Ray failed with a traceback)."""
+    root = tempfile.gettempdir()
+    if len(root) + RUNTIME_NAME_LEN + RAY_SOCKET_TAIL <= MAX_SOCKET_PATH:
+        return root
+    if not os.access("/tmp", os.W_OK | os.X_OK):
+        raise ValueError(
+            f"TMPDIR={root} is too long for the sockets under it (a Unix socket's path holds at most "
+            f"{MAX_SOCKET_PATH} bytes) and /tmp is not writable: set TMPDIR to a path of at most "
+            f"{MAX_SOCKET_PATH - RUNTIME_NAME_LEN - RAY_SOCKET_TAIL} characters"
+        )
+    return "/tmp"
 
 
 def remove_runtime_dirs(command: int) -> None:
     """Remove the runtime directories of the command whose pid is ``command``."""
     for kind in RUNTIME_KINDS:
-        for path in Path(tempfile.gettempdir()).glob(f"radixcluster-{kind}{command}-*"):
+        for path in Path(runtime_root()).glob(f"radixcluster-{kind}{command}-*"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft limit of open files to the hard one (at most OPEN_FILES), as SGLang does at
+    start: every connection and stream holds a file, and at 256 or 1,024 (common defaults) a few
+    hundred clients ran the api out of them (lost requests, 500s from failed imports). Returns
+    the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
+def open_standard_streams() -> None:
+    """Put /dev/null in place of a closed stdin, stdout or stderr (``<&-``): the next file opened
+    would take its number (the reaper's lifeline pipe took 0, which the reaper then pointed at
+    /dev/null, read the end of, and killed the command), and Python leaves ``sys.stdout`` None,
+    on which a print raises."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 (the process's own stream)
 
 
 def run_child(parent_pid: int, target: Callable[..., None], *args: Any) -> None:

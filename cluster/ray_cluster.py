@@ -99,7 +99,12 @@ def quiet_ray_env() -> None:
 def private_ray_env() -> None:
     """A private instance listens on loopback only (Ray binds there when it runs as a
     single-machine cluster; read when ray is imported) and wants a token only this replica's
-    processes hold (given in the environment, so no token file lands in the user's home)."""
+    processes hold (given in the environment, so no token file lands in the user's home).
+    A RAY_ADDRESS left in the environment (a shell after `ray start`, a KubeRay pod) would make
+    ray.init join that cluster instead: --ray-address is how to join one."""
+    stale = os.environ.pop("RAY_ADDRESS", None)
+    if stale:
+        logger.warning("RAY_ADDRESS=%s is ignored: this runs a private Ray; --ray-address joins a cluster", stale)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)

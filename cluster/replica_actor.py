@@ -17,7 +17,7 @@ from typing import IO
 
 import httpx
 
-from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, free_port, http_url
+from radixcluster.server_args import ADMIN_API_KEY_ENV, API_KEY_ENV, free_port, http_url, local_get
 
 STARTUP_TIMEOUT_S = 600
 STOP_GRACE_S = 30
@@ -100,7 +100,7 @@ class ReplicaProcess:
                     f"replica {self.url} exited with {self.process.returncode} while starting: {last.strip()}"
                 )
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health", headers=self.headers, timeout=2).status_code == 200:
+                if local_get(f"{self.url}/health", self.headers).status_code == 200:
                     return self.url
             time.sleep(0.5)
         self.stop(STOP_GRACE_S)

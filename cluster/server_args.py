@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -14,7 +15,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from radixcluster.kernels.backend_names import ATTENTION_BACKENDS
 from radixcluster.model_path import resolve_tokenizer_path
@@ -25,6 +26,9 @@ from radixcluster.router.cache.eviction_heap import EVICTION_POLICIES
 from radixcluster.router.schedule_policy import SCHEDULE_POLICIES
 from radixcluster.router.tenant_quota import QUOTA_FIELDS, TenantQuota
 from radixcluster.router.text.chat_template import read_chat_template
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -244,18 +248,34 @@ def http_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Print one of the command's own lines (on stderr unless ``stream``): a reader that went
+    away (``2>&1 | head -1``) is no reason to stop serving, as the failed write made it."""
+    with contextlib.suppress(OSError):
+        print(line, file=stream or sys.stderr, flush=True)
+
+
 def announce_ready(host: str, port: int) -> None:
     """Say the server serves: our line on stdout, and on stderr the line SGLang's server prints
     then (uvicorn's), which the seed articles, and scripts after them, wait for."""
     url = http_url(host, port)
-    print(f"radixcluster ready: {url}", flush=True)
-    print(f"INFO:     Uvicorn running on {url} (Press CTRL+C to quit)", file=sys.stderr, flush=True)
+    say(f"radixcluster ready: {url}", sys.stdout)
+    say(f"INFO:     Uvicorn running on {url} (Press CTRL+C to quit)")
 
 
 def local_url(host: str, port: int) -> str:
     """The URL by which this machine reaches a server listening on ``host`` (a wildcard address:
-    the loopback)."""
-    return http_url("127.0.0.1" if host in ("0.0.0.0", "::") else host, port)
+    its family's loopback; asyncio's socket on ``::`` takes IPv6 only)."""
+    return http_url({"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host), port)
+
+
+def local_get(url: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    """A GET of this machine's own server, never through a proxy: httpx reads HTTP_PROXY and the
+    like, which would send a loopback check to the proxy (one that denies it answers, as if the
+    server did; one that hangs keeps the check waiting)."""
+    import httpx  # only the launchers wait on their server
+
+    return httpx.get(url, headers=headers, timeout=2, trust_env=False)
 
 
 def check_listen_address(host: str, port: int) -> None:

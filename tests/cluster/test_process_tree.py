@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from multiprocessing import resource_tracker
 from pathlib import Path
 
-from radixcluster.process_tree import descendants, is_running, started_processes
+from radixcluster.process_tree import (
+    MAX_SOCKET_PATH,
+    OPEN_FILES,
+    descendants,
+    is_running,
+    runtime_root,
+    started_processes,
+)
 
 # A script whose forked child ties itself to the script, reports its pid and waits.
 TIED_CHILD = """
@@ -125,3 +134,56 @@ def test_started_processes_leave_out_the_resource_tracker_which_ends_with_this_p
     finally:
         child.kill()
         child.join()
+
+
+def run_script(script: str, shell_redirects: str = "", **popen) -> subprocess.CompletedProcess[str]:
+    """``script`` run by this interpreter under bash, with ``shell_redirects`` (``<&-``)."""
+    return subprocess.run(
+        ["bash", "-c", f'exec "{sys.executable}" -c "$0" {shell_redirects}', script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **popen,
+    )
+
+
+def test_closed_standard_streams_are_reopened_on_dev_null_before_anything_opens_files():
+    """`radixcluster up <&-` died at once: the reaper's lifeline pipe took fd 0, which the reaper
+    then pointed at /dev/null; with stdout closed, print raised on a None sys.stdout."""
+    script = (
+        "import os, sys\n"
+        "from radixcluster.process_tree import open_standard_streams\n"
+        "open_standard_streams()\n"
+        "print('said', flush=True)\n"  # to /dev/null where stdout was closed
+        "assert sys.stdin.read() == ''\n"
+        "os.write(3, str(min(os.pipe())).encode())\n"
+    )
+    for closed in ("<&-", ">&-", "2>&-", "<&- >&- 2>&-"):
+        result = run_script(script, f"3>&1 {closed}")
+        assert (result.returncode, result.stdout.split("\n")[-1]) == (0, "4"), (closed, result)
+
+
+def test_a_tmpdir_too_long_for_the_sockets_under_it_gives_way_to_tmp(tmp_path, monkeypatch):
+    """Ray's sockets under a runtime dir in a long TMPDIR (HPC schedulers set such) passed the
+    107 bytes a Unix socket's path holds: ray.init failed with a traceback."""
+    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
+    assert runtime_root() == "/tmp"
+    long = tmp_path / ("d" * (MAX_SOCKET_PATH - len(str(tmp_path))))
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert runtime_root() == "/tmp"
+
+
+def test_the_open_file_limit_is_raised_to_the_hard_one():
+    """A server's every connection holds a file: at a soft limit of 256 a few hundred clients
+    lost requests."""
+    script = (
+        "import resource\n"
+        "from radixcluster.process_tree import raise_open_file_limit\n"
+        "print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    low = min(256, hard)
+    result = run_script(script, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard)))
+    target = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    assert result.stdout.split() == [str(target), str(target), str(hard)], result
