@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -408,3 +410,14 @@ def test_a_free_port_is_one_the_os_hands_nobody_meanwhile():
         taken.bind(("127.0.0.1", free_port()))
         taken.listen()
         assert taken.getsockname()[1] not in {free_port() for _ in range(50)}
+
+
+def test_the_commands_own_lines_survive_a_reader_that_went_away():
+    """`radixcluster up 2>&1 | head -1` ended the server at its next line: the write's broken pipe
+    was raised."""
+    script = (
+        "import time\ntime.sleep(0.5)\nfrom radixcluster.server_args import say\nsay('one')\nsay('two')\nprint('on')"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child.stderr.close()  # the reader goes away before the lines come
+    assert child.stdout.read() == "on\n" and child.wait(timeout=60) == 0
