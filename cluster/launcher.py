@@ -27,7 +27,7 @@ from radixcluster.model_path import resolve_model_path, served_model_name
 from radixcluster.process_tree import fork_into_own_group, kill_survivors, run_child, started_processes
 from radixcluster.protocol import GroupDown, GroupUp, RestartGroup, RouterReady, Shutdown, decode, encode
 from radixcluster.ray_cluster import StopRequested
-from radixcluster.replica_plan import Plan, make_plan, omp_env
+from radixcluster.replica_plan import Plan, check_replicas_fit, make_plan, omp_env
 from radixcluster.router.text.chat_template import read_chat_template
 from radixcluster.server_args import (
     ServerArgs,
@@ -441,6 +441,8 @@ def check_tp_size(args: ServerArgs) -> None:
 
 def launch(args: ServerArgs) -> NoReturn:
     check_tp_size(args)
+    if args.dp_size > 1:
+        check_replicas_fit(args)
     code = fork_into_own_group()
     if code is None:  # the child: it runs the replica (or the replicas and their gateway)
         if args.dp_size > 1:

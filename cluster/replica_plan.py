@@ -308,6 +308,32 @@ def pool_past_available(pool_bytes: float, available: int | None) -> str | None:
     )
 
 
+def replicas_past_available(dp_size: int, weights: int, available: int | None) -> str | None:
+    """A refusal when ``dp_size`` replicas on this host could not hold their weights (``weights``
+    bytes each) in the memory it has available now: each loads its own, and --dp-size 100 ran
+    the host out of memory replica after replica."""
+    if available is None or dp_size * weights <= available:
+        return None
+    return (
+        f"--dp-size {dp_size}: the replicas' weights alone take {dp_size * weights / 2**30:.1f} GiB, more than "
+        f"this host has available ({available / 2**30:.1f} GiB); start fewer, or spread them over a Ray "
+        "cluster with --ray-address"
+    )
+
+
+def check_replicas_fit(args: ServerArgs) -> None:
+    """Refuse, before anything starts, more CPU replicas of a private Ray (all on this host) than
+    its memory holds the weights of."""
+    if args.ray_address is not None or resolve_device(args.device) != "cpu":
+        return
+    weights = weight_bytes(
+        load_model_config(resolve_model_path(args.model_path)), DTYPE_BYTES[choose_dtype(args.dtype, "cpu")]
+    )
+    problem = replicas_past_available(args.dp_size, weights, available_memory_bytes(_read(Path("/proc/meminfo"))))
+    if problem is not None:
+        raise ValueError(problem)
+
+
 def _read(file: Path) -> str:
     try:
         return file.read_text().strip()

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from radixcluster.cli import main
 from radixcluster.model_config import load_model_config
 from radixcluster.model_path import INDEX_FILE, ModelPathError, resolve_model_path, resolve_tokenizer_path
 from radixcluster.replica_plan import (
@@ -38,6 +39,7 @@ from radixcluster.replica_plan import (
     plan_kv_pages,
     pool_past_available,
     prepacks_weights,
+    replicas_past_available,
     weight_bytes,
 )
 from radixcluster.server_args import ServerArgs
@@ -340,6 +342,16 @@ def test_a_pool_past_what_the_host_has_free_is_warned_of():
     assert "18.8 GiB" in warning and "5.0 GiB" in warning and "--mem-fraction-static" in warning
     assert pool_past_available(4 * 2**30, 5 * 2**30) is None
     assert pool_past_available(4 * 2**30, None) is None
+
+
+def test_more_replicas_than_the_host_holds_the_weights_of_are_refused(capsys):
+    """--dp-size 100 on a private Ray started replica after replica until the host ran out."""
+    problem = replicas_past_available(100, 540 * 2**20, 20 * 2**30)
+    assert problem.startswith("--dp-size 100: the replicas' weights alone take 52.7 GiB") and "--ray-address" in problem
+    assert replicas_past_available(2, 540 * 2**20, 20 * 2**30) is None
+    assert replicas_past_available(100, 540 * 2**20, None) is None
+    assert main(["up", "--dp-size", "100000"]) == 2
+    assert "radixcluster: error: --dp-size 100000: the replicas' weights alone take" in capsys.readouterr().err
 
 
 def test_a_directory_without_its_weights_is_refused_before_anything_starts(hf_model_dir: Path, tmp_path: Path):
