@@ -65,22 +65,25 @@ def read_chat_template(value: str | None) -> str | None:
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            template = _template_in(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"--chat-template {value}: cannot read it: {exc}") from exc
-        except ValueError as exc:
-            raise ValueError(f"--chat-template {value}: {exc}") from None
     elif _is_jinja(value):
-        template = value
+        text = value
     else:
         raise ValueError(
             f"--chat-template {value!r}: no such file, nor a Jinja template; give a template's file "
             "(SGLang's built-in template names are not kept here: the model's own template is the default)"
         )
+    named = value if text is not value else f"{value:.80}"  # a file by its path, a template by its start
+    try:
+        template = _template_in(text)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template {named}: {exc}") from None
     try:
         _compile(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise ValueError(f"--chat-template {value:.80}: line {exc.lineno}: {exc.message}") from exc
+        raise ValueError(f"--chat-template {named}: line {exc.lineno}: {exc.message}") from exc
     return template
 
 
@@ -89,21 +92,29 @@ def _is_jinja(text: str) -> bool:
 
 
 def _template_in(text: str) -> str:
-    """The Jinja template a file holds: its text, or a JSON object's ``chat_template`` (Hugging
-    Face's ``chat_template.json``). A file with no Jinja in it would render every chat as that
-    same text, so it is refused, SGLang's JSON conversation templates by name."""
+    """The Jinja template ``text`` is, or, as JSON, holds: Hugging Face's ``chat_template`` (a
+    string, or named templates, of which transformers takes the one named "default"). Other JSON,
+    and text with no Jinja in it, would render every chat as that same text, so they are refused,
+    SGLang's JSON conversation templates by name."""
     try:
         data = json.loads(text)
     except ValueError:
         data = None
-    if isinstance(data, dict):
-        if isinstance(data.get("chat_template"), str):
-            text = data["chat_template"]
-        elif "sep_style" in data:
+    if isinstance(data, dict) and "sep_style" in data:
+        raise ValueError(
+            "SGLang's JSON conversation templates (sep_style) are not supported; "
+            "give a Jinja chat template (a .jinja file, or the template itself)"
+        )
+    if isinstance(data, (dict, list)):
+        named = data.get("chat_template") if isinstance(data, dict) else data
+        if isinstance(named, list):
+            named = next((t.get("template") for t in named if isinstance(t, dict) and t.get("name") == "default"), None)
+        if not isinstance(named, str):
             raise ValueError(
-                "SGLang's JSON conversation templates (sep_style) are not supported; "
-                "give a Jinja chat template (a .jinja file, or the template itself)"
+                'JSON that holds no chat template: Hugging Face\'s is {"chat_template": "..."}, '
+                'or a list of {"name", "template"} of which one is named "default"'
             )
+        text = named
     if not _is_jinja(text):
         raise ValueError("it holds no Jinja ({{ }} or {% %}): every chat would be rendered as this same text")
     return text

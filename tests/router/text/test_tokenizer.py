@@ -263,6 +263,14 @@ def test_a_template_file_is_jinja_or_hugging_faces_chat_template_json(tmp_path: 
     hf_json = tmp_path / "chat_template.json"
     hf_json.write_text(json.dumps({"chat_template": PLAIN_TEMPLATE}))
     assert read_chat_template(str(hf_json)) == PLAIN_TEMPLATE
+    # tokenizer_config.json's named templates: transformers' default is the one named "default"
+    named = [{"name": "tool_use", "template": "{{ tools }}"}, {"name": "default", "template": PLAIN_TEMPLATE}]
+    hf_json.write_text(json.dumps({"chat_template": named}))
+    assert read_chat_template(str(hf_json)) == PLAIN_TEMPLATE
+    for other in ({"chat_template": named[:1]}, {"chat_template": 5, "note": "{{ x }}"}, named[:1]):
+        hf_json.write_text(json.dumps(other))  # Jinja somewhere in it, yet no template: it was taken whole
+        with pytest.raises(ValueError, match="JSON that holds no chat template"):
+            read_chat_template(str(hf_json))
     # SGLang's docs' custom template: a JSON conversation template, not Jinja; it was taken as a
     # template without placeholders, and every chat became the file's own text
     sglang_json = tmp_path / "my_model_template.json"
