@@ -152,12 +152,13 @@ def prompts_fit_context(prompts: Any, info: ValidationInfo) -> Any:
     return prompts
 
 
-def _is_default(value: Any) -> bool:
-    """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists). A float is
-    data (an embedding's zeros), never a default."""
+def _is_default(value: Any, depth: int = 0) -> bool:
+    """Null, false, zero or empty, also element-wise (SGLang's per-prompt lists). A number in a
+    list of lists (an embedding's zeros), or a float anywhere, is data, never a default."""
     if isinstance(value, list):
-        return all(_is_default(v) for v in value)
-    return value is None or value is False or (value == 0 and not isinstance(value, float)) or value in ({}, "")
+        return all(_is_default(v, depth + 1) for v in value)
+    number = value == 0 and value is not False and depth < 2 and not isinstance(value, float)
+    return value is None or value is False or number or value in ({}, "")
 
 
 def drop_unsupported(data: Any, unsupported: dict[str, str]) -> Any:

@@ -71,6 +71,7 @@ def test_the_frontends_sampling_params_are_accepted(server):
         ({"token_ids_logprob": [1, 2]}, "token_ids_logprob"),
         ({"return_hidden_states": True}, "return_hidden_states"),
         ({"input_embeds": [[0.0] * 576] * 3}, "input_embeds"),  # zeros are an embedding, not a default
+        ({"input_embeds": [[0, 0]]}, "input_embeds"),  # as JSON.stringify writes them
         ({"sampling_params": {"stop_regex": "(unclosed"}}, "stop_regex"),
         ({"sampling_params": {"no_such_param": 1}}, "unknown field"),  # SGLang too rejects unknown sampling keys
     ],
