@@ -392,21 +392,33 @@ def readable_parts(parts: Any, known: tuple[str, ...], noun: str = "content part
     return parts
 
 
-def readable_text_parts(known: tuple[str, ...], noun: str = "content parts") -> Any:
-    """A ``content`` validator: the parts fit the context and each is of a ``known`` type."""
+def readable_text_parts(known: tuple[str, ...], noun: str = "content parts", field: str = "content") -> Any:
+    """A validator of ``field``: its parts fit the context and each is of a ``known`` type."""
 
     def check(cls: type, content: Any, info: ValidationInfo) -> Any:
         return readable_parts(fits_context(content, info), known, noun)
 
-    return field_validator("content", mode="before")(check)
+    return field_validator(field, mode="before")(check)
 
 
 class ContentPart(BaseModel):
-    """A text part of a message (the served models read text only)."""
+    """A text part of a message (the served models read text only); an assistant's refusal is
+    text too, as vLLM reads it."""
 
-    type: Literal["text"]
-    text: str
+    type: Literal["text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
     cache_control: CacheControlIn | None = None  # pin the chat up to the end of this message
+
+    @model_validator(mode="after")
+    def _said(self) -> ContentPart:
+        if not isinstance(getattr(self, self.type), str):
+            raise ValueError(f"a {self.type} part needs its {self.type}")
+        return self
+
+    @property
+    def said(self) -> str:
+        return self.text if self.type == "text" else self.refusal  # type: ignore[return-value]
 
 
 class ChatMessageIn(BaseModel):
@@ -426,7 +438,7 @@ class ChatMessageIn(BaseModel):
     reasoning_content: str | None = Field(None, validation_alias=AliasChoices("reasoning_content", "reasoning"))
 
     _parts_fit = field_validator("tool_calls", mode="before")(fits_context)
-    _parts_readable = readable_text_parts(("text",))
+    _parts_readable = readable_text_parts(("text", "refusal"))
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessageIn:
@@ -444,7 +456,7 @@ class ChatMessageIn(BaseModel):
     def as_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "\n".join(part.text for part in content)  # as vLLM, and /tokenize's chats
+            content = "\n".join(part.said for part in content)  # as vLLM, and /tokenize's chats
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         calls = self.tool_calls or (
             [{"type": "function", "function": self.function_call}] if self.function_call else None

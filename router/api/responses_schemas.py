@@ -97,7 +97,7 @@ class FunctionCallOutputItem(BaseModel):
     call_id: str
     output: str | list[InputText]
 
-    _parts_fit = field_validator("output", mode="before")(fits_context)
+    _parts_readable = readable_text_parts(TEXT_PARTS, field="output")
 
     def as_dict(self) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": self.call_id, "content": _joined(self.output)}

@@ -92,6 +92,11 @@ OPENAI_CASES = {
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
         "messages.0.content: content parts of type 'image_url' are not supported: the served model reads text",
     ),
+    "function's output with an image part": (
+        "/v1/responses",
+        {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
+        "input.0.function_call_output.output: content parts of type 'input_image' are not supported",
+    ),
     "response with an image part": (
         "/v1/responses",
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},

@@ -151,6 +151,12 @@ def test_text_parts_are_read_one_per_line_as_vllm_and_tokenize_read_them() -> No
     parts = [{"type": "text", "text": "Name three"}, {"type": "text", "text": "prime numbers."}]
     body = ChatCompletionIn.model_validate({"messages": [{"role": "user", "content": parts}]})
     assert body.messages[0].as_dict()["content"] == "Name three\nprime numbers."
+    # an assistant's refusal part (the OpenAI SDK's types) is its text, as vLLM reads it
+    said = [{"type": "refusal", "refusal": "I cannot."}, {"type": "text", "text": "Ask me another."}]
+    body = ChatCompletionIn.model_validate({"messages": [{"role": "assistant", "content": said}]})
+    assert body.messages[0].as_dict()["content"] == "I cannot.\nAsk me another."
+    for part, word in (({"type": "refusal"}, "a refusal part needs its refusal"), ({"type": "text"}, "its text")):
+        assert word in refusal(ChatCompletionIn, {"messages": [{"role": "assistant", "content": [part]}]})
 
 
 @pytest.mark.parametrize(
