@@ -341,34 +341,39 @@ def failure_response(exc: Exception, method: str, path: str) -> JsonResponse:
 
 
 _NOT_GENERATION = (
-    "the served model generates text; embedding, scoring, reranking and classification models are not served"
+    "the served model generates text: embeddings, scores, reranking and classification are not served here"
 )
-# SGLang's and vLLM's endpoints that this server does not serve, and why (their 404 says it)
+# SGLang's, vLLM's and OpenAI's endpoints that this server does not serve, and why (their 404
+# says it); a path under one of them too (/v1/files/ID, Ollama's /api/...)
 NOT_SERVED = {
     **dict.fromkeys(
         ("/v1/embeddings", "/encode", "/classify", "/v1/classify", "/pooling", "/score", "/v1/score", "/rerank")
         + ("/v1/rerank", "/v2/rerank"),
         _NOT_GENERATION,
     ),
-    **dict.fromkeys(("/v1/audio/transcriptions", "/v1/audio/translations"), "the served model reads text, not audio"),
+    "/v1/audio": "the served model reads and writes text: audio is not served here",
+    "/v1/images": "the served model writes text: images are not generated here",
+    "/v1/moderations": "moderation is not served here",
     **dict.fromkeys(
         ("/open_session", "/close_session"), "sessions are not supported (the radix cache shares prefixes without them)"
     ),
+    "/api": "Ollama's API is not served here: use /v1/chat/completions or /v1/completions",
     **dict.fromkeys(
-        ("/api/chat", "/api/generate", "/api/tags", "/api/show"),
-        "Ollama's API is not served: use /v1/chat/completions or /v1/completions",
+        ("/v1/batches", "/v1/files"), "the OpenAI Batch API is not served here: send the requests themselves"
     ),
-    **dict.fromkeys(("/v1/batches", "/v1/files"), "the OpenAI Batch API is not served: send the requests themselves"),
 }
+
+
+def _not_served(path: str) -> str | None:
+    """Why ``path`` or a path above it is in NOT_SERVED, or None."""
+    parts = path.rstrip("/").split("/")
+    return next((NOT_SERVED[p] for n in range(len(parts), 1, -1) if (p := "/".join(parts[:n])) in NOT_SERVED), None)
 
 
 def _routing_message(exc: StarletteHTTPException, method: str, path: str) -> str:
     """Starlette's routing refusals ("Not Found", "Method Not Allowed") said with the call."""
     if exc.status_code == 404 and exc.detail == "Not Found":
-        why = NOT_SERVED.get(path.rstrip("/"))
-        return (
-            f"{method} {path}: not served here: {why}" if why else f"{method} {path}: no such endpoint on this server"
-        )
+        return f"{method} {path}: {_not_served(path) or 'no such endpoint on this server'}"
     allowed = (exc.headers or {}).get("Allow")
     if exc.status_code == 405 and allowed:
         # Starlette lists a route's methods in a set's order, which changes from run to run

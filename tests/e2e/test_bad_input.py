@@ -272,7 +272,9 @@ def test_unknown_path_and_wrong_method(server):
     assert_error(missing, 404, "POST /v1/nothing: no such endpoint on this server")
     # SGLang's and vLLM's endpoints of other kinds of models say why they are not here
     embeddings = requests.post(server.url + "/v1/embeddings", json={}, headers=server.headers(), timeout=TIMEOUT_S)
-    assert_error(embeddings, 404, "POST /v1/embeddings: not served here: the served model generates text;")
+    assert_error(embeddings, 404, "POST /v1/embeddings: the served model generates text: embeddings, scores")
+    ollama = requests.post(server.url + "/api/chat", json={}, headers=server.headers(), timeout=TIMEOUT_S)
+    assert_error(ollama, 404, "POST /api/chat: Ollama's API is not served here")
     wrong = requests.get(server.url + "/generate", headers=server.headers(), timeout=TIMEOUT_S)
     assert_error(wrong, 405, "GET /generate: not allowed; this endpoint takes POST, PUT")
 
