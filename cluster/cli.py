@@ -55,7 +55,9 @@ def _parser(with_bench_args: bool) -> tuple[argparse.ArgumentParser, dict[str, a
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    bench = sub.add_parser("bench", help="benchmark a live server (throughput, latency, prefix reuse)")
+    bench = sub.add_parser(
+        "bench", usage=_short_usage("bench"), help="benchmark a live server (throughput, latency, prefix reuse)"
+    )
     if with_bench_args:
         from radixcluster.bench.cli import add_bench_args
 
@@ -68,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     open_standard_streams()
     parser, commands = _parser(with_bench_args=argv[:1] == ["bench"])
     ns, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the subcommand, whose flags they were meant for (exit 2)
-        commands[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # said by the subcommand whose flags they were meant for, if any came after it (exit 2)
+        owner = commands[ns.command] if argv.index(unknown[0]) > argv.index(ns.command) else parser
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if ns.command == "up":
             from radixcluster.launcher import launch

@@ -88,13 +88,14 @@ MEANINGLESS_VALUE_FLAGS = {
     "--download-dir": "models are local files: nothing is downloaded",
     "--load-balance-method": "with --dp-size the gateway routes each request by its cached prefix and the replicas' load",
 }
-# The only value this server runs of a backend flag users bring from SGLang or vLLM
+# The values of a backend flag users bring from SGLang or vLLM that name what runs here (vLLM's
+# "auto" among them: its default)
 SOLE_BACKENDS = {
-    "--grammar-backend": "xgrammar",
-    "--guided-decoding-backend": "xgrammar",  # vLLM's older name
-    "--structured-outputs-config.backend": "xgrammar",  # vLLM's newer name
-    "--tokenizer-mode": "auto",
-    "--runner": "generate",  # vLLM's: a generative model's runner
+    "--grammar-backend": ("xgrammar",),
+    "--guided-decoding-backend": ("auto", "xgrammar"),  # vLLM's older name
+    "--structured-outputs-config.backend": ("auto", "xgrammar"),  # vLLM's newer name
+    "--tokenizer-mode": ("auto",),
+    "--runner": ("auto", "generate"),  # vLLM's: a generative model's runner
 }
 # SGLang's names for attention backends: what runs for each here
 SGLANG_ATTENTION_BACKENDS = {"torch_native": "torch", "intel_amx": "native", "flashinfer": "auto", "fa3": "auto"}
@@ -596,8 +597,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, action="store_true", help=f"accepted and ignored: {why}")
     for flag, why in MEANINGLESS_VALUE_FLAGS.items():
         parser.add_argument(flag, help=f"accepted and ignored: {why}")
-    for flag, backend in SOLE_BACKENDS.items():
-        parser.add_argument(flag, choices=(backend,), help=f"accepted: {backend} is the one that runs here")
+    for flag, names in SOLE_BACKENDS.items():
+        parser.add_argument(flag, choices=names, help=f"accepted: {names[-1]} is the one that runs here")
 
 
 def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:

@@ -146,7 +146,7 @@ def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(cap
     quiet = (
         "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar --tokenizer-mode auto"
         # vLLM's names, from its examples' launch lines
-        " --guided-decoding-backend xgrammar --structured-outputs-config.backend xgrammar --runner generate"
+        " --guided-decoding-backend xgrammar --structured-outputs-config.backend auto --runner auto --runner generate"
         " --enable-reasoning"
     )
     meaningless = (
