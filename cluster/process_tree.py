@@ -26,14 +26,14 @@ _PR_SET_PDEATHSIG = 1
 _COMMAND_PID = "RADIXCLUSTER_COMMAND_PID"
 # the runtime dirs' kinds (a replica's, a --dp-size command's), which name them and find them again
 RUNTIME_KINDS = ("", "dp-")
-# a Unix socket's path holds at most 107 bytes; Ray's longest under a runtime dir (its session,
-# session_<date>_<time>_<usec>_<pid>, then sockets/plasma_store) takes up to 64 of them, and the
-# runtime dir's own name (radixcluster-dp-<pid>-<8 letters>) up to 33 with the slash
+# a Unix socket's path holds at most 107 bytes. Under a runtime dir, Ray's longest is its
+# session's /session_<date>_<time>_<usec>_<pid>/sockets/plasma_store (57 and a pid); the runtime
+# dir's own name is /radixcluster-dp-<pid>-<8 letters> (26 and a pid)
 MAX_SOCKET_PATH = 107
+RAY_SOCKET_TAIL = 57
+RUNTIME_NAME_LEN = 26
 # open files a server asks for (each client connection holds one)
 OPEN_FILES = 65536
-RAY_SOCKET_TAIL = 64
-RUNTIME_NAME_LEN = 33
 
 
 def descendants(pid: int) -> set[int]:
@@ -101,15 +101,23 @@ def runtime_root() -> str:
     """Where the runtime dirs go: the temporary directory (TMPDIR), or /tmp where that is too long
     a path for the sockets under it (HPC schedulers set long ones; Ray failed with a traceback)."""
     root = tempfile.gettempdir()
-    if len(root) + RUNTIME_NAME_LEN + RAY_SOCKET_TAIL <= MAX_SOCKET_PATH:
+    longest = MAX_SOCKET_PATH - RUNTIME_NAME_LEN - RAY_SOCKET_TAIL - 2 * _pid_digits()
+    if len(root) <= longest:
         return root
     if not os.access("/tmp", os.W_OK | os.X_OK):
         raise ValueError(
             f"TMPDIR={root} is too long for the sockets under it (a Unix socket's path holds at most "
-            f"{MAX_SOCKET_PATH} bytes) and /tmp is not writable: set TMPDIR to a path of at most "
-            f"{MAX_SOCKET_PATH - RUNTIME_NAME_LEN - RAY_SOCKET_TAIL} characters"
+            f"{MAX_SOCKET_PATH} bytes) and /tmp is not writable: set TMPDIR to a path of at most {longest} characters"
         )
     return "/tmp"
+
+
+def _pid_digits() -> int:
+    """The digits of the largest pid this host gives."""
+    try:
+        return len(Path("/proc/sys/kernel/pid_max").read_text().strip())
+    except OSError:
+        return 7  # Linux's largest pid_max, 4194304
 
 
 def remove_runtime_dirs(command: int) -> None:

@@ -166,8 +166,8 @@ def test_closed_standard_streams_are_reopened_on_dev_null_before_anything_opens_
 def test_a_tmpdir_too_long_for_the_sockets_under_it_gives_way_to_tmp(tmp_path, monkeypatch):
     """Ray's sockets under a runtime dir in a long TMPDIR (HPC schedulers set such) passed the
     107 bytes a Unix socket's path holds: ray.init failed with a traceback."""
-    monkeypatch.setattr(tempfile, "tempdir", "/tmp")
-    assert runtime_root() == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", "/scratch/u1")
+    assert runtime_root() == "/scratch/u1"  # short enough for the sockets under it: kept
     long = tmp_path / ("d" * (MAX_SOCKET_PATH - len(str(tmp_path))))
     long.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(long))
