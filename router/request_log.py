@@ -15,7 +15,8 @@ from radixcluster.router.request import Request
 
 logger = logging.getLogger("radixcluster.requests")
 # a client's request id, or its field names in an error, with a newline in it forged log lines
-_ESCAPED = {c: f"\\x{c:02x}" for c in range(32)} | {127: "\\x7f"}
+# (C0 and C1 controls, and the line and paragraph separators that some readers break lines at)
+_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160))} | {c: f"\\u{c:04x}" for c in (0x2028, 0x2029)}
 
 T = TypeVar("T")
 

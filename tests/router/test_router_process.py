@@ -147,10 +147,10 @@ def test_log_requests_logs_each_request_queued_and_ended_without_its_text(model_
     assert re.fullmatch(r"request r\d+ failed \(400\): .*", lines[2])
     assert not any("swordfish" in line or last.text in line for line in lines)
     # a client's request id cannot forge a line of its own
-    forged = dataclasses.replace(request(prompt, sampling={"max_new_tokens": 1}), rid="x\nrequest y ended\x07")
+    forged = dataclasses.replace(request(prompt, sampling={"max_new_tokens": 1}), rid="x\nrequest y ended\x07\u2028")
     run(logged, runner, forged)
     lines = [r.getMessage() for r in caplog.records if r.name == "radixcluster.requests"][3:]
-    assert len(lines) == 2 and all(line.startswith("request x\\x0arequest y ended\\x07 ") for line in lines)
+    assert len(lines) == 2 and all(line.startswith("request x\\x0arequest y ended\\x07\\u2028 ") for line in lines)
 
 
 def test_decode_log_interval_logs_the_batch_every_that_many_decode_steps(model_path, runner, caplog):
