@@ -131,10 +131,12 @@ def raise_open_file_limit() -> int:
     """Raise the soft limit of open files to the hard one (at most OPEN_FILES), as SGLang does at
     start: every connection and stream holds a file, and at 256 or 1,024 (common defaults) a few
     hundred clients ran the api out of them (lost requests, 500s from failed imports). Returns
-    the limit now in force."""
+    the limit now in force (OPEN_FILES where there is none)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_FILES
     target = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
-    if soft != resource.RLIM_INFINITY and soft < target:
+    if soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         return target
     return soft
