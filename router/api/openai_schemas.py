@@ -379,7 +379,7 @@ class CompletionIn(OpenAIRequest):
         return self.echo and self.logprobs is not None
 
 
-def readable_parts(parts: Any, known: tuple[str, ...], noun: str = "content parts") -> Any:
+def _readable_parts(parts: Any, known: tuple[str, ...], noun: str = "content parts") -> Any:
     """Refuse by name a part of a message this server cannot read (images, audio, video, files):
     the served models read text."""
     for part in parts if isinstance(parts, list) else []:
@@ -396,7 +396,7 @@ def readable_text_parts(known: tuple[str, ...], noun: str = "content parts", fie
     """A validator of ``field``: its parts fit the context and each is of a ``known`` type."""
 
     def check(cls: type, content: Any, info: ValidationInfo) -> Any:
-        return readable_parts(fits_context(content, info), known, noun)
+        return _readable_parts(fits_context(content, info), known, noun)
 
     return field_validator(field, mode="before")(check)
 
