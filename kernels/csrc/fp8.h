@@ -58,6 +58,18 @@ RC_INLINE F load_fp8(const uint8_t* p) {
   const __m512i bits = _mm512_mask_mov_epi32(normal, small, _mm512_castps_si512(subnormal));
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
   return _mm512_castsi512_ps(_mm512_or_si512(bits, sign));
+#elif defined(RC_ISA_AVX2)
+  // as above in eight lanes (element by element, an AVX2 decode step from an fp8 cache ran 2.3x
+  // slower than from fp32)
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  const __m256i normal =
+      _mm256_add_epi32(_mm256_slli_epi32(magnitude, 23 - FORMAT.mantissa), _mm256_set1_epi32(int(REBIAS<FORMAT>)));
+  const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(magnitude), _mm256_set1_ps(SUBNORMAL_UNIT<FORMAT>));
+  const __m256 small = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(1 << FORMAT.mantissa), magnitude));
+  const __m256 value = _mm256_blendv_ps(_mm256_castsi256_ps(normal), subnormal, small);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_or_ps(value, _mm256_castsi256_ps(sign));
 #else
   alignas(64) float out[W];
   for (int i = 0; i < W; ++i) out[i] = decode_fp8<FORMAT>(p[i]);
@@ -120,6 +132,22 @@ RC_INLINE void store_fp8(uint8_t* p, F x) {
   const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80));
   const __m512i code = _mm512_or_si512(_mm512_mask_mov_epi32(normal, small, subnormal), sign);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(code));
+#elif defined(RC_ISA_AVX2)
+  const __m256i bits = _mm256_castps_si256(clamped);
+  const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256 absolute = _mm256_castsi256_ps(magnitude);
+  const __m256i subnormal = _mm256_cvtps_epi32(_mm256_mul_ps(absolute, _mm256_set1_ps(1.0f / SUBNORMAL_UNIT<FORMAT>)));
+  const __m256i rebiased = _mm256_sub_epi32(magnitude, _mm256_set1_epi32(int(REBIAS<FORMAT>)));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(rebiased, SHIFT), _mm256_set1_epi32(1));
+  const __m256i normal =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(rebiased, _mm256_set1_epi32(int(HALF))), odd), SHIFT);
+  const __m256i small =
+      _mm256_castps_si256(_mm256_cmp_ps(absolute, _mm256_set1_ps(pow2(1 - FORMAT.bias)), _CMP_LT_OQ));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+  const __m256i code = _mm256_or_si256(_mm256_blendv_epi8(normal, subnormal, small), sign);
+  // eight codes (each < 256) narrowed to bytes
+  const __m128i halves = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(halves, halves));
 #else
   alignas(64) float in[W];
   Vec::store(in, clamped);
