@@ -347,6 +347,24 @@ def token_count(text: str) -> int:
     return int(value)
 
 
+def structured_outputs_config(text: str) -> str:
+    """vLLM's ``--structured-outputs-config`` as JSON (``{"backend": "xgrammar"}``): its backend,
+    the one field kept here, checked as ``--structured-outputs-config.backend`` is."""
+    names = SOLE_BACKENDS["--structured-outputs-config.backend"]
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object") from None
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    if others := sorted(set(config) - {"backend"}):
+        raise argparse.ArgumentTypeError(f"only its backend is kept here, not {', '.join(others)}")
+    backend = config.get("backend", "auto")
+    if backend not in names:
+        raise argparse.ArgumentTypeError(f"backend {backend!r}: accepted are {', '.join(names)}")
+    return str(backend)
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """The flags of DESIGN.md §8, plus the SGLang flags users paste."""
     d = ServerArgs()
@@ -599,6 +617,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, help=f"accepted and ignored: {why}")
     for flag, names in SOLE_BACKENDS.items():
         parser.add_argument(flag, choices=names, help=f"accepted: {names[-1]} is the one that runs here")
+    parser.add_argument(
+        "--structured-outputs-config",
+        type=structured_outputs_config,
+        help='vLLM\'s, as JSON: {"backend": "xgrammar"} (or "auto") is accepted',
+    )
 
 
 def server_args_from_namespace(ns: argparse.Namespace) -> ServerArgs:

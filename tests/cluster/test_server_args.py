@@ -147,7 +147,7 @@ def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(cap
         "--disable-log-requests --disable-fastapi-docs --grammar-backend xgrammar --tokenizer-mode auto"
         # vLLM's names, from its examples' launch lines
         " --guided-decoding-backend xgrammar --structured-outputs-config.backend auto --runner auto --runner generate"
-        " --enable-reasoning"
+        ' --enable-reasoning --structured-outputs-config {"backend":"xgrammar"}'
     )
     meaningless = (
         "--skip-server-warmup --enforce-eager --swap-space 4 --sampling-backend pytorch --disable-log-stats"
@@ -169,6 +169,25 @@ def test_more_pasted_flags_are_accepted_and_only_the_meaningless_ones_say_so(cap
     ):
         with pytest.raises(SystemExit):
             parse(flag, value)  # argparse names the one that runs
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        ('{"backend": "outlines"}', "backend 'outlines': accepted are auto, xgrammar"),
+        (
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
+            "only its backend is kept here, not disable_any_whitespace",
+        ),
+        ("xgrammar", "'xgrammar' is not a JSON object"),
+    ],
+)
+def test_vllms_structured_outputs_config_as_json_is_refused_past_its_backend(capsys, value: str, error: str):
+    """It was taken for an abbreviation of --structured-outputs-config.backend, whose choices
+    then refused the JSON."""
+    with pytest.raises(SystemExit):
+        parse("--structured-outputs-config", value)
+    assert f"argument --structured-outputs-config: {error}" in capsys.readouterr().err
 
 
 def test_vllms_memory_load_and_quantization_flags(capsys):
