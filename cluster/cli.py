@@ -9,12 +9,13 @@ import logging
 import sys
 
 from radixcluster import __version__
+from radixcluster.gateway.config import GatewayConfig
 from radixcluster.gateway_args import add_gateway_args, gateway_config_from_namespace
 from radixcluster.model_path import ModelPathError
 from radixcluster.process_tree import open_standard_streams, raise_open_file_limit
 from radixcluster.ray_cluster import RankStartError, RayPlacementError
 from radixcluster.replica_actor import ReplicaStartError
-from radixcluster.server_args import add_cli_args, check_port_free, server_args_from_namespace
+from radixcluster.server_args import add_cli_args, check_port_free, http_url, say, server_args_from_namespace
 
 logger = logging.getLogger("radixcluster")
 # below this many open files a server says so at start
@@ -30,6 +31,12 @@ def warn_of_few_open_files() -> None:
             "raise the hard limit for more",
             limit,
         )
+
+
+def _announce_gateway(config: GatewayConfig) -> None:
+    """The standalone gateway's line once it listens, on stdout as `up`'s ready line."""
+    over = f"the addresses of {config.discover}" if config.discover else f"{len(config.replicas)} replica(s)"
+    say(f"radixcluster gateway ready: {http_url(config.host, config.port)}, routing over {over}", sys.stdout)
 
 
 def _short_usage(command: str) -> str:
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             warn_of_few_open_files()
             config = gateway_config_from_namespace(ns)
             check_port_free(config.host, config.port)
-            run_gateway(config)
+            run_gateway(config, on_listening=lambda: _announce_gateway(config))
             return 0
         if ns.command == "bench":
             from radixcluster.bench.cli import main as bench_main

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -81,9 +81,10 @@ def create_app(config: GatewayConfig, drain: RequestDrain | None = None) -> ASGI
     return cross_origin((drain or RequestDrain()).gate(served))
 
 
-def run_gateway(config: GatewayConfig) -> None:
+def run_gateway(config: GatewayConfig, on_listening: Callable[[], None] | None = None) -> None:
     """Serve the gateway on ``config.host:config.port`` until SIGTERM or SIGINT (requests in
-    flight get ``config.shutdown_timeout_s``). Main thread only."""
+    flight get ``config.shutdown_timeout_s``); ``on_listening`` is called once it listens. Main
+    thread only."""
     configure_logging(config.log_level)
     drain = RequestDrain()
     server = DrainingServer(
@@ -99,6 +100,7 @@ def run_gateway(config: GatewayConfig) -> None:
         ),
         drain,
         config.shutdown_timeout_s,
+        on_listening,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)  # uvicorn's handlers decide; this one only makes its re-raise a return

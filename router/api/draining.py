@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
@@ -56,14 +58,26 @@ class DrainingServer(uvicorn.Server):
     rest of the wait (the launcher sends SIGINT when a part of the replica failed: what is in
     flight cannot finish)."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, shutdown_timeout_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain: Drain,
+        shutdown_timeout_s: float,
+        on_listening: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.drain = drain
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.on_listening = on_listening  # called once the listener is bound
         self._fail_at: float | None = None  # when the stragglers get their error
         self._failed_at: float | None = None
         self._cut_short = False  # SIGINT, or a second signal: no wait for what is in flight
         self._announced = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_listening is not None:
+            self.on_listening()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # runs as a signal handler on the loop's thread: only flags and times are set here
