@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
@@ -11,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from tqdm import tqdm
@@ -79,6 +81,14 @@ async def _sse(
                 yield chunk
 
 
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class BenchClient:
     """Sends one request at a time per call of ``send``; safe to call concurrently."""
 
@@ -87,7 +97,13 @@ class BenchClient:
             raise ValueError(f"--backend must be one of {BACKENDS}")
         self.base_url, self.backend, self.tokenizer = base_url.rstrip("/"), backend, tokenizer
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None), limits=httpx.Limits(max_connections=None))
+        # a server on this machine is reached directly, whatever HTTP_PROXY says (a proxy that never
+        # answered held the run for ever: requests have no time limit, a long generation may take hours)
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(None),
+            limits=httpx.Limits(max_connections=None),
+            trust_env=not _loopback(self.base_url),
+        )
         self.model: str | None = None
 
     async def close(self) -> None:

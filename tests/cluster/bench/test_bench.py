@@ -4,6 +4,8 @@ run against a real server (table, JSON, PNG)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -52,6 +54,9 @@ def test_multi_tenant_interleaves_the_shared_prefix_requests(model_path) -> None
 def test_bench_shared_prefix_against_a_real_server(server: ServerHandle, tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
     groups, per_group, prefix_len, question_len = 2, 2, 64, 24
+    # a proxy that takes connections and never answers, which a server on this machine skips
+    tarpit = socket.create_server(("127.0.0.1", 0))
+    proxy = f"http://127.0.0.1:{tarpit.getsockname()[1]}"
     # the shared server: flushed first, so that the cached tokens are the run's own
     run = subprocess.run(
         [
@@ -83,7 +88,9 @@ def test_bench_shared_prefix_against_a_real_server(server: ServerHandle, tmp_pat
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "HTTP_PROXY": proxy, "http_proxy": proxy},
     )
+    tarpit.close()
     assert run.returncode == 0, run.stderr
     header, row = run.stdout.strip().splitlines()[-2:]
     for column in ("req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "cached", "ideal"):
